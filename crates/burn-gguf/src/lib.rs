@@ -1,0 +1,51 @@
+//! burn-gguf: the ggml-quant tensor type for Burn.
+//!
+//! A GGUF file's quantized blocks go to the device unchanged ([`GgmlTensor`]); CubeCL kernels
+//! (`ggml-kernels`) decode them in registers, fused into the matrix-vector product, through a
+//! Burn backend extension ([`ops::GgmlOps`]) that works on `CubeBackend` and on
+//! `Fusion<CubeBackend>`. Packed modules ([`GgmlLinear`], [`GgmlEmbedding`]) wrap the type, and
+//! [`GgufLoader`] builds them from a file, falling back to dequantization, explicitly and
+//! reported, when no kernel fits.
+pub mod loader;
+pub mod nn;
+pub mod ops;
+pub mod tensor;
+
+pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport};
+pub use nn::{GgmlEmbedding, GgmlLinear, Weight};
+pub use tensor::GgmlTensor;
+
+use burn::backend::DispatchDevice;
+use burn::tensor::Device;
+use gguf::GgmlType;
+
+/// Errors of the burn-gguf layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The container is malformed.
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+    /// A tensor is missing or unusable.
+    #[error("tensor '{name}': {reason}")]
+    Tensor { name: String, reason: String },
+    /// No kernel path for this type on this device.
+    #[error("{ggml_type}: {reason}")]
+    Unsupported { ggml_type: GgmlType, reason: String },
+    /// Shapes that do not fit.
+    #[error("{0}")]
+    Shape(String),
+}
+
+/// The CubeCL compute client behind a Burn device, if it is a CubeCL one.
+pub fn cube_client(device: &Device) -> Option<cubecl::client::Client> {
+    match device.as_dispatch() {
+        DispatchDevice::Cube(d) => Some(d.clone().client()),
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
+
+/// The default wgpu device (`DefaultDevice`: the first adapter wgpu finds; lavapipe here).
+pub fn default_device() -> Device {
+    Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)
+}

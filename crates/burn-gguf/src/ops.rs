@@ -1,0 +1,107 @@
+//! The backend extension: ggml-quant ops on Burn tensors.
+//!
+//! Implemented for every CubeCL runtime (`CubeBackend`) and, lazily, for `Fusion<CubeBackend>`
+//! (Burn's default wgpu backend), so an op's output feeds fused Burn ops directly. The weights are
+//! an `Int` tensor of dtype `U32` holding a ggml tensor's raw blocks ([`ggml_kernels::words_for_bytes`]).
+use burn::backend::backend_extension;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::wgpu::{CubeBackend, CubeTensor};
+use burn::tensor::{DType, Shape};
+use ggml_kernels::GemvConfig;
+use gguf::GgmlType;
+
+/// Ops over raw ggml blocks. Shapes are in Burn order; `w` holds `rows` rows of `cols` elements.
+#[backend_extension(Cube, Fusion)]
+pub trait GgmlOps: burn::backend::Backend {
+    /// Fused dequantize + GEMV: `x` `[m, cols]` f32 (m in 1..=8) -> `[m, rows]` f32,
+    /// `y = x W^T`.
+    #[fusion(dtype = x, shape = {
+        let m = x.num_elements() / (*cols).max(1);
+        burn::tensor::Shape::new([m, *rows])
+    })]
+    fn ggml_gemv(
+        w: IntTensor<Self>,
+        x: FloatTensor<Self>,
+        ggml_type: GgmlType,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self>;
+
+    /// Dequantize rows by id: `ids` `[n]` u32 -> `[n, cols]` f32, row `t` = `W[ids[t] - row_start]`,
+    /// or zeros when `ids[t]` is outside `[row_start, row_start + rows)`.
+    #[fusion(dtype = burn::tensor::DType::F32, shape = {
+        burn::tensor::Shape::new([ids.num_elements(), *cols])
+    })]
+    fn ggml_dequantize_rows(
+        w: IntTensor<Self>,
+        ids: IntTensor<Self>,
+        ggml_type: GgmlType,
+        row_start: usize,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self>;
+}
+
+fn empty_f32(like: &CubeTensor, shape: Shape) -> CubeTensor {
+    let client = like.client.clone();
+    let handle = client.empty(shape.num_elements() * size_of::<f32>());
+    CubeTensor::new_contiguous(client, like.device.clone(), shape, handle, DType::F32)
+}
+
+impl GgmlOps for CubeBackend {
+    fn ggml_gemv(
+        w: CubeTensor,
+        x: CubeTensor,
+        ggml_type: GgmlType,
+        rows: usize,
+        cols: usize,
+    ) -> CubeTensor {
+        assert_eq!(w.dtype, DType::U32, "ggml weights must be a U32 tensor");
+        assert_eq!(x.dtype, DType::F32, "ggml_gemv takes f32 activations");
+        let x = burn_cubecl::kernel::into_contiguous(x);
+        let m = x.meta.shape().num_elements() / cols.max(1);
+        let y = empty_f32(&x, Shape::new([m, rows]));
+        let config = GemvConfig::for_client(&x.client);
+        let client = x.client.clone();
+        ggml_kernels::launch_gemv(
+            &client,
+            ggml_type,
+            w.into_buffer_arg(),
+            x.into_buffer_arg(),
+            y.clone().into_buffer_arg(),
+            rows,
+            cols,
+            config,
+        )
+        .unwrap_or_else(|e| panic!("ggml_gemv: {e}"));
+        y
+    }
+
+    fn ggml_dequantize_rows(
+        w: CubeTensor,
+        ids: CubeTensor,
+        ggml_type: GgmlType,
+        row_start: usize,
+        rows: usize,
+        cols: usize,
+    ) -> CubeTensor {
+        assert_eq!(w.dtype, DType::U32, "ggml weights must be a U32 tensor");
+        assert_eq!(ids.dtype, DType::U32, "ids must be a U32 tensor");
+        let ids = burn_cubecl::kernel::into_contiguous(ids);
+        let n = ids.meta.shape().num_elements();
+        let out = empty_f32(&ids, Shape::new([n, cols]));
+        let client = ids.client.clone();
+        ggml_kernels::launch_dequantize_rows(
+            &client,
+            ggml_type,
+            w.into_buffer_arg(),
+            ids.into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            row_start,
+            rows,
+            cols,
+        )
+        .unwrap_or_else(|e| panic!("ggml_dequantize_rows: {e}"));
+        out
+    }
+}

@@ -1,0 +1,227 @@
+//! [`GgmlTensor`]: a 2-D ggml-quant tensor whose blocks live on the device unchanged.
+use crate::ops::GgmlOps;
+use crate::{Error, cube_client};
+use burn::backend::Dispatch;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use ggml_kernels::{MAX_GEMV_ROWS, kernel_block_elems, words_for_bytes, words_len};
+use gguf::GgmlType;
+
+/// Largest f32 scratch one prefill chunk dequantizes (bytes), so a weight is never dequantized
+/// whole.
+pub const PREFILL_SCRATCH_BYTES: usize = 64 << 20;
+
+/// Largest single device buffer used when the device states none (lavapipe's storage buffer
+/// binding limit).
+const DEFAULT_MAX_BUFFER: u64 = 128 << 20;
+
+/// One row range of a [`GgmlTensor`], held in its own device buffer.
+#[derive(Clone, Debug)]
+struct Part {
+    /// Raw blocks as `U32` words (`ggml_kernels::words_for_bytes`), shape `[words]`.
+    words: Tensor<1, Int>,
+    /// First row of the tensor this part holds.
+    row_start: usize,
+    /// Rows in this part.
+    rows: usize,
+}
+
+/// A 2-D ggml-quant tensor: shape `[rows, cols]` in Burn order (ggml `ne = [cols, rows]`), blocks
+/// running along `cols`. The bytes are the GGUF file's, unchanged, split by rows into parts
+/// that each fit one device storage buffer (lavapipe caps them at 128 MiB; Gemma 3's
+/// 262144 x 640 Q8_0 `token_embd` is 178 MB).
+#[derive(Clone, Debug)]
+pub struct GgmlTensor {
+    ggml_type: GgmlType,
+    shape: [usize; 2],
+    parts: Vec<Part>,
+}
+
+impl GgmlTensor {
+    /// Uploads `bytes` (`rows` rows of `cols` elements of `ggml_type`, as in a GGUF data section)
+    /// to `device`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when no kernel decodes `ggml_type` or the device is not a CubeCL
+    /// one; [`Error::Shape`] when `cols` is not a multiple of the kernel block or `bytes` has the
+    /// wrong length.
+    pub fn from_bytes(
+        bytes: &[u8],
+        ggml_type: GgmlType,
+        shape: [usize; 2],
+        device: &Device,
+    ) -> Result<Self, Error> {
+        let [rows, cols] = shape;
+        let client = cube_client(device).ok_or_else(|| Error::Unsupported {
+            ggml_type,
+            reason: "the device is not a CubeCL device".into(),
+        })?;
+        let be = kernel_block_elems(ggml_type).ok_or_else(|| Error::Unsupported {
+            ggml_type,
+            reason: "no kernel decodes this type".into(),
+        })?;
+        if cols == 0 || rows == 0 || cols % be != 0 {
+            return Err(Error::Shape(format!(
+                "{ggml_type} tensor [{rows}, {cols}]: row length is not a positive multiple of {be}"
+            )));
+        }
+        let row_bytes = ggml_type
+            .row_bytes(cols as u64)
+            .map_err(|e| Error::Shape(e.to_string()))? as usize;
+        if Some(bytes.len()) != rows.checked_mul(row_bytes) {
+            return Err(Error::Shape(format!(
+                "{ggml_type} tensor [{rows}, {cols}] needs {rows} x {row_bytes} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        let max_buffer = match client.properties().memory.max_page_size {
+            0 => DEFAULT_MAX_BUFFER,
+            n => n,
+        }
+        .min(u32::MAX as u64) as usize;
+        let rows_per_part = (max_buffer - 8) / row_bytes;
+        if rows_per_part == 0 {
+            return Err(Error::Shape(format!(
+                "one row of {row_bytes} bytes exceeds the device's {max_buffer}-byte buffers"
+            )));
+        }
+        let parts = (0..rows)
+            .step_by(rows_per_part)
+            .map(|row_start| {
+                let n = rows_per_part.min(rows - row_start);
+                let chunk = &bytes[row_start * row_bytes..(row_start + n) * row_bytes];
+                let words = words_for_bytes(chunk);
+                debug_assert_eq!(words.len(), words_len(chunk.len()));
+                let len = words.len();
+                let words = Tensor::<1, Int>::from_data(
+                    TensorData::new(words, [len]),
+                    (device, DType::U32),
+                );
+                Part {
+                    words,
+                    row_start,
+                    rows: n,
+                }
+            })
+            .collect();
+        Ok(Self {
+            ggml_type,
+            shape,
+            parts,
+        })
+    }
+
+    /// The ggml type of the blocks.
+    pub fn ggml_type(&self) -> GgmlType {
+        self.ggml_type
+    }
+
+    /// `[rows, cols]` (Burn order).
+    pub fn shape(&self) -> [usize; 2] {
+        self.shape
+    }
+
+    /// Device buffers this tensor is split into.
+    pub fn num_parts(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The device the blocks live on.
+    pub fn device(&self) -> Device {
+        self.parts[0].words.device()
+    }
+
+    /// `x W^T`: `x` `[m, cols]` f32 -> `[m, rows]` f32. Up to 8 rows use the fused GEMV;
+    /// more rows (prefill) dequantize at most [`PREFILL_SCRATCH_BYTES`] of weight rows at a time
+    /// into a scratch tensor and use Burn's matmul.
+    ///
+    /// # Panics
+    /// If `x`'s last dimension is not `cols` (a programming error in the caller's shapes).
+    pub fn matmul_t(&self, x: Tensor<2>) -> Tensor<2> {
+        let [m, k] = x.dims();
+        let [_, cols] = self.shape;
+        assert_eq!(
+            k, cols,
+            "GgmlTensor::matmul_t: x has {k} columns, the weight {cols}"
+        );
+        let outs: Vec<Tensor<2>> = if m <= MAX_GEMV_ROWS {
+            self.parts
+                .iter()
+                .map(|p| {
+                    Tensor::from_dispatch(Dispatch::ggml_gemv(
+                        p.words.clone().into_dispatch(),
+                        x.clone().into_dispatch(),
+                        self.ggml_type,
+                        p.rows,
+                        cols,
+                    ))
+                })
+                .collect()
+        } else {
+            let chunk_rows = (PREFILL_SCRATCH_BYTES / (cols * size_of::<f32>())).max(1);
+            let device = x.device();
+            let mut outs = Vec::new();
+            for p in &self.parts {
+                for start in (0..p.rows).step_by(chunk_rows) {
+                    let end = (start + chunk_rows).min(p.rows);
+                    let ids: Vec<u32> = (start as u32..end as u32).collect();
+                    let w = self.dequantize_part_rows(p, ids, 0, &device);
+                    outs.push(x.clone().matmul(w.transpose()));
+                }
+            }
+            outs
+        };
+        if outs.len() == 1 {
+            outs.into_iter().next().unwrap()
+        } else {
+            Tensor::cat(outs, 1)
+        }
+    }
+
+    /// Dequantizes the rows `ids` (embedding lookup): `[ids.len(), cols]` f32.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] if an id is not below `rows`.
+    pub fn gather_rows(&self, ids: &[u32]) -> Result<Tensor<2>, Error> {
+        let [rows, _] = self.shape;
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= rows) {
+            return Err(Error::Shape(format!(
+                "row id {bad} out of range for {rows} rows"
+            )));
+        }
+        let device = self.device();
+        let mut out: Option<Tensor<2>> = None;
+        for p in &self.parts {
+            let part = self.dequantize_part_rows(p, ids.to_vec(), p.row_start, &device);
+            out = Some(match out {
+                None => part,
+                Some(acc) => acc + part,
+            });
+        }
+        Ok(out.expect("a GgmlTensor has at least one part"))
+    }
+
+    /// The whole tensor dequantized on the device, `[rows, cols]` f32 (tests and fallbacks).
+    pub fn dequantize(&self) -> Tensor<2> {
+        let ids: Vec<u32> = (0..self.shape[0] as u32).collect();
+        self.gather_rows(&ids).expect("ids are in range")
+    }
+
+    fn dequantize_part_rows(
+        &self,
+        p: &Part,
+        ids: Vec<u32>,
+        row_start: usize,
+        device: &Device,
+    ) -> Tensor<2> {
+        let n = ids.len();
+        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [n]), (device, DType::U32));
+        Tensor::from_dispatch(Dispatch::ggml_dequantize_rows(
+            p.words.clone().into_dispatch(),
+            ids.into_dispatch(),
+            self.ggml_type,
+            row_start,
+            p.rows,
+            self.shape[1],
+        ))
+    }
+}

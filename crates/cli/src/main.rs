@@ -1,0 +1,107 @@
+//! `burn-gguf`: run llama.cpp GGUF models on Burn through wgpu.
+use burn_gguf_cli::fetch;
+use burn_gguf_cli::run::{RunOptions, run};
+use burn_gguf_models::SamplerConfig;
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "burn-gguf",
+    version,
+    about = "Run llama.cpp GGUF models on Burn (wgpu: Vulkan, Metal, WebGPU)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt.
+    Run {
+        /// A GGUF file, or a known model name (fetched into the cache on first use): gemma3-270m.
+        #[arg(short, long)]
+        model: String,
+        /// The prompt.
+        #[arg(short, long)]
+        prompt: String,
+        /// Most new tokens.
+        #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
+        n_predict: usize,
+        /// Temperature; 0 is greedy.
+        #[arg(long, default_value_t = 0.8)]
+        temp: f32,
+        /// Top-k (0 keeps all).
+        #[arg(long, default_value_t = 40)]
+        top_k: usize,
+        /// Top-p (1 keeps all).
+        #[arg(long, default_value_t = 0.95)]
+        top_p: f32,
+        /// Random seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print one JSON object (prompt_ids, generated_ids, text, timings) instead of streaming.
+        #[arg(long)]
+        json: bool,
+        /// Dequantize all weights at load (no packed kernels).
+        #[arg(long)]
+        dequantize: bool,
+    },
+    /// Download a known model into the cache and print its path.
+    Fetch {
+        /// Model name: gemma3-270m.
+        name: String,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run {
+            model,
+            prompt,
+            n_predict,
+            temp,
+            top_k,
+            top_p,
+            seed,
+            json,
+            dequantize,
+        } => fetch::resolve_model(&model)
+            .map_err(|e| e.to_string())
+            .and_then(|path| {
+                let opts = RunOptions {
+                    prompt,
+                    max_new: n_predict,
+                    sampler: SamplerConfig {
+                        temperature: temp,
+                        top_k,
+                        top_p,
+                        seed,
+                    },
+                    dequantize,
+                    json,
+                    progress: !json,
+                };
+                run(&path, &opts)
+            }),
+        Command::Fetch { name } => fetch::ensure_model(&name)
+            .map(|p| println!("{}", p.display()))
+            .map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

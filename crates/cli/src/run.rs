@@ -1,0 +1,110 @@
+//! `burn-gguf run`: load a GGUF model and generate text.
+use burn_gguf::{GgufConfig, GgufLoader};
+use burn_gguf_models::{Gemma3, GgufTokenizer, Sampler, SamplerConfig, generate};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+/// Options of one `run`.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Prompt text.
+    pub prompt: String,
+    /// Most new tokens.
+    pub max_new: usize,
+    /// Sampling parameters.
+    pub sampler: SamplerConfig,
+    /// Dequantize every weight at load instead of keeping blocks packed.
+    pub dequantize: bool,
+    /// Print one JSON object instead of streaming text.
+    pub json: bool,
+    /// Show a progress bar while loading.
+    pub progress: bool,
+}
+
+/// Loads `model_path` and generates from `opts.prompt`, streaming text to stdout (or printing
+/// one JSON object with `prompt_ids`, `generated_ids`, `text`, `timings`); load time and
+/// speeds go to stderr.
+///
+/// # Errors
+/// Any file, model, tokenizer or device error, as a message.
+pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
+    let t0 = Instant::now();
+    let file =
+        gguf::GgufFile::open(model_path).map_err(|e| format!("{}: {e}", model_path.display()))?;
+    let tokenizer = GgufTokenizer::from_gguf(&file).map_err(|e| e.to_string())?;
+    let device = burn_gguf::default_device();
+    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let bar = if opts.progress {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({elapsed})")
+            .expect("valid template"),
+    );
+    let loader = GgufLoader::new(
+        &file,
+        &device,
+        GgufConfig {
+            dequantize: opts.dequantize,
+        },
+    )
+    .with_progress(|n| bar.inc(n));
+    let model = Gemma3::load(&loader).map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    let load_s = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "loaded {} in {load_s:.2} s: {}",
+        model_path.display(),
+        loader.report()
+    );
+
+    let mut sampler = Sampler::new(opts.sampler.clone());
+    let json = opts.json;
+    let out = generate(
+        &model,
+        &tokenizer,
+        &opts.prompt,
+        opts.max_new,
+        &mut sampler,
+        |piece| {
+            if !json {
+                let mut stdout = std::io::stdout().lock();
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            }
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let t = &out.timings;
+    if json {
+        let v = serde_json::json!({
+            "prompt_ids": out.prompt_ids,
+            "generated_ids": out.generated_ids,
+            "text": out.text,
+            "timings": {
+                "load_ms": load_s * 1e3,
+                "prompt_tokens": t.prompt_tokens,
+                "prompt_ms": t.prompt_ms,
+                "prompt_tokens_per_s": t.prompt_tps(),
+                "decode_tokens": t.decode_tokens,
+                "decode_ms": t.decode_ms,
+                "decode_tokens_per_s": t.decode_tps(),
+            },
+        });
+        println!("{v}");
+    } else {
+        println!();
+    }
+    eprintln!(
+        "load {load_s:.2} s | prompt {} tokens, {:.1} tokens/s | decode {} tokens, {:.2} tokens/s",
+        t.prompt_tokens,
+        t.prompt_tps(),
+        t.decode_tokens,
+        t.decode_tps()
+    );
+    Ok(())
+}

@@ -1,0 +1,489 @@
+//! One `#[repr(C)]` struct per ggml block type, with the field names of llama.cpp
+//! `ggml/src/ggml-common.h`, and its reference decoder ported from `ggml/src/ggml-quants.c`
+//! (`dequantize_row_*`), with the f32 operations in the same order so results are bit-exact.
+//!
+//! Every field is a byte array (fp16 values are stored as `[u8; 2]` little-endian bits), so every
+//! struct has alignment 1 and a `&[u8]` at any offset can be cast to a slice of blocks with
+//! [`bytemuck::try_cast_slice`].
+
+use bytemuck::{Pod, Zeroable};
+use gguf::GgmlType;
+
+/// Elements per k-quant super-block (`QK_K`).
+pub const QK_K: usize = 256;
+
+/// Decodes little-endian fp16 bits (`ggml_half`) to f32, exactly (`GGML_FP16_TO_FP32`).
+#[inline]
+pub fn fp16_to_f32(bits: [u8; 2]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes(bits)).to_f32()
+}
+
+/// Decodes little-endian bf16 bits to f32, exactly (`GGML_BF16_TO_FP32`: the bits shifted up by 16).
+#[inline]
+pub fn bf16_to_f32(bits: [u8; 2]) -> f32 {
+    f32::from_bits(u32::from(u16::from_le_bytes(bits)) << 16)
+}
+
+/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K / Q5_K super-block, from its 12
+/// packed `scales` bytes (ggml-quants.c `get_scale_min_k4`).
+///
+/// Sub-blocks 0..4 keep their scale in the low 6 bits of byte `j` and their min in byte `j + 4`;
+/// sub-blocks 4..8 take their low 4 bits from byte `j + 4` (scale: low nibble, min: high nibble)
+/// and their top 2 bits from the high bits of bytes `j - 4` (scale) and `j` (min) (case C08).
+#[inline]
+pub fn get_scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// A ggml block: a fixed number of values stored in a fixed number of bytes.
+///
+/// Implemented by every block struct of this module (like candle's `k_quants::GgmlType`).
+pub trait GgmlBlock: Pod {
+    /// The ggml type this block encodes.
+    const TYPE: GgmlType;
+    /// Values per block (equals `TYPE.block_size()`).
+    const BLOCK_SIZE: usize;
+
+    /// Decodes the block into `out`, which must hold exactly [`BLOCK_SIZE`](Self::BLOCK_SIZE)
+    /// values. Bit-exact with ggml's `dequantize_row_*` / `to_float`.
+    ///
+    /// # Panics
+    /// If `out.len() < BLOCK_SIZE`.
+    fn dequantize(&self, out: &mut [f32]);
+}
+
+macro_rules! size_check {
+    ($t:ty, $n:expr) => {
+        const _: () = assert!(std::mem::size_of::<$t>() == $n);
+        const _: () = assert!(std::mem::align_of::<$t>() == 1);
+    };
+}
+
+/// One F32 value, little-endian (a 1-element "block").
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockF32 {
+    /// IEEE f32 bits, little-endian.
+    pub bits: [u8; 4],
+}
+size_check!(BlockF32, 4);
+
+impl GgmlBlock for BlockF32 {
+    const TYPE: GgmlType = GgmlType::F32;
+    const BLOCK_SIZE: usize = 1;
+    fn dequantize(&self, out: &mut [f32]) {
+        out[0] = f32::from_le_bytes(self.bits);
+    }
+}
+
+/// One F16 value (`ggml_half`), little-endian.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockF16 {
+    /// IEEE binary16 bits, little-endian.
+    pub bits: [u8; 2],
+}
+size_check!(BlockF16, 2);
+
+impl GgmlBlock for BlockF16 {
+    const TYPE: GgmlType = GgmlType::F16;
+    const BLOCK_SIZE: usize = 1;
+    fn dequantize(&self, out: &mut [f32]) {
+        out[0] = fp16_to_f32(self.bits);
+    }
+}
+
+/// One BF16 value (`ggml_bf16_t`), little-endian.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockBF16 {
+    /// bfloat16 bits (the top half of an f32), little-endian.
+    pub bits: [u8; 2],
+}
+size_check!(BlockBF16, 2);
+
+impl GgmlBlock for BlockBF16 {
+    const TYPE: GgmlType = GgmlType::BF16;
+    const BLOCK_SIZE: usize = 1;
+    fn dequantize(&self, out: &mut [f32]) {
+        out[0] = bf16_to_f32(self.bits);
+    }
+}
+
+/// `block_q4_0` (ggml-common.h): 32 values, `x = d * (q - 8)` with 4-bit `q`.
+/// Value `j < 16` is the low nibble of `qs[j]`, value `j + 16` its high nibble.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ4_0 {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Nibbles.
+    pub qs: [u8; 16],
+}
+size_check!(BlockQ4_0, 18);
+
+impl GgmlBlock for BlockQ4_0 {
+    const TYPE: GgmlType = GgmlType::Q4_0;
+    const BLOCK_SIZE: usize = 32;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        for j in 0..16 {
+            let x0 = (self.qs[j] & 0x0F) as i32 - 8;
+            let x1 = (self.qs[j] >> 4) as i32 - 8;
+            out[j] = x0 as f32 * d;
+            out[j + 16] = x1 as f32 * d;
+        }
+    }
+}
+
+/// `block_q4_1` (ggml-common.h): 32 values, `x = d * q + m` with 4-bit `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ4_1 {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Min, fp16 bits.
+    pub m: [u8; 2],
+    /// Nibbles, as in Q4_0.
+    pub qs: [u8; 16],
+}
+size_check!(BlockQ4_1, 20);
+
+impl GgmlBlock for BlockQ4_1 {
+    const TYPE: GgmlType = GgmlType::Q4_1;
+    const BLOCK_SIZE: usize = 32;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        let m = fp16_to_f32(self.m);
+        for j in 0..16 {
+            let x0 = (self.qs[j] & 0x0F) as f32;
+            let x1 = (self.qs[j] >> 4) as f32;
+            out[j] = x0 * d + m;
+            out[j + 16] = x1 * d + m;
+        }
+    }
+}
+
+/// `block_q5_0` (ggml-common.h): 32 values, `x = d * (q - 16)` with 5-bit `q`: low 4 bits as in
+/// Q4_0, the 5th bit of value `j` is bit `j` of the little-endian u32 `qh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ5_0 {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// 5th bits, a little-endian u32.
+    pub qh: [u8; 4],
+    /// Low nibbles.
+    pub qs: [u8; 16],
+}
+size_check!(BlockQ5_0, 22);
+
+impl GgmlBlock for BlockQ5_0 {
+    const TYPE: GgmlType = GgmlType::Q5_0;
+    const BLOCK_SIZE: usize = 32;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        let qh = u32::from_le_bytes(self.qh);
+        for j in 0..16 {
+            let xh_0 = (((qh >> j) << 4) & 0x10) as u8;
+            let xh_1 = ((qh >> (j + 12)) & 0x10) as u8;
+            let x0 = ((self.qs[j] & 0x0F) | xh_0) as i32 - 16;
+            let x1 = ((self.qs[j] >> 4) | xh_1) as i32 - 16;
+            out[j] = x0 as f32 * d;
+            out[j + 16] = x1 as f32 * d;
+        }
+    }
+}
+
+/// `block_q5_1` (ggml-common.h): 32 values, `x = d * q + m` with 5-bit `q` laid out as in Q5_0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ5_1 {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Min, fp16 bits.
+    pub m: [u8; 2],
+    /// 5th bits, a little-endian u32.
+    pub qh: [u8; 4],
+    /// Low nibbles.
+    pub qs: [u8; 16],
+}
+size_check!(BlockQ5_1, 24);
+
+impl GgmlBlock for BlockQ5_1 {
+    const TYPE: GgmlType = GgmlType::Q5_1;
+    const BLOCK_SIZE: usize = 32;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        let m = fp16_to_f32(self.m);
+        let qh = u32::from_le_bytes(self.qh);
+        for j in 0..16 {
+            let xh_0 = (((qh >> j) << 4) & 0x10) as u8;
+            let xh_1 = ((qh >> (j + 12)) & 0x10) as u8;
+            let x0 = ((self.qs[j] & 0x0F) | xh_0) as f32;
+            let x1 = ((self.qs[j] >> 4) | xh_1) as f32;
+            out[j] = x0 * d + m;
+            out[j + 16] = x1 * d + m;
+        }
+    }
+}
+
+/// `block_q8_0` (ggml-common.h): 32 values, `x = d * q` with signed 8-bit `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ8_0 {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Quants.
+    pub qs: [i8; 32],
+}
+size_check!(BlockQ8_0, 34);
+
+impl GgmlBlock for BlockQ8_0 {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+    const BLOCK_SIZE: usize = 32;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        for (o, &q) in out[..32].iter_mut().zip(&self.qs) {
+            *o = q as f32 * d;
+        }
+    }
+}
+
+/// `block_q2_K` (ggml-common.h): 256 values in 16 sub-blocks of 16,
+/// `x = d * (scales[s] & 0xF) * q - dmin * (scales[s] >> 4)` with 2-bit `q`.
+///
+/// Each 128-value half uses 32 `qs` bytes: value `32*j + l` (`j` in 0..4, `l` in 0..32) of the half
+/// is bits `2j..2j+2` of byte `l`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ2K {
+    /// Per sub-block: scale in the low nibble, min in the high nibble.
+    pub scales: [u8; 16],
+    /// 2-bit quants.
+    pub qs: [u8; 64],
+    /// Super-block scale for the scales, fp16 bits.
+    pub d: [u8; 2],
+    /// Super-block scale for the mins, fp16 bits.
+    pub dmin: [u8; 2],
+}
+size_check!(BlockQ2K, 84);
+
+impl GgmlBlock for BlockQ2K {
+    const TYPE: GgmlType = GgmlType::Q2_K;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        let min = fp16_to_f32(self.dmin);
+        let mut is = 0;
+        let mut y = 0;
+        for n in 0..2 {
+            let q = &self.qs[32 * n..32 * n + 32];
+            for j in 0..4 {
+                let shift = 2 * j;
+                for half in 0..2 {
+                    let sc = self.scales[is];
+                    is += 1;
+                    let dl = d * (sc & 0xF) as f32;
+                    let ml = min * (sc >> 4) as f32;
+                    for l in 0..16 {
+                        out[y] = dl * ((q[l + 16 * half] >> shift) & 3) as f32 - ml;
+                        y += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `block_q3_K` (ggml-common.h): 256 values in 16 sub-blocks of 16, `x = d * (sc - 32) * (q - 4)`
+/// with a 3-bit `q` (2 low bits in `qs` as in Q2_K, high bit in `hmask`; a *clear* high bit
+/// subtracts 4) and 6-bit scales packed in 12 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ3K {
+    /// High bits: value `32*k + l` uses bit `k` of byte `l`.
+    pub hmask: [u8; 32],
+    /// Low 2 bits.
+    pub qs: [u8; 64],
+    /// 16 6-bit scales: low 4 bits in bytes 0..8 (nibbles), top 2 bits in bytes 8..12.
+    pub scales: [u8; 12],
+    /// Super-block scale, fp16 bits.
+    pub d: [u8; 2],
+}
+size_check!(BlockQ3K, 110);
+
+impl BlockQ3K {
+    /// The 6-bit scale of sub-block `j` (0..16), minus 32.
+    #[inline]
+    pub fn scale(&self, j: usize) -> i8 {
+        let s = &self.scales;
+        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        (low | (high << 4)) as i8 - 32
+    }
+}
+
+impl GgmlBlock for BlockQ3K {
+    const TYPE: GgmlType = GgmlType::Q3_K;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d_all = fp16_to_f32(self.d);
+        let mut is = 0;
+        let mut y = 0;
+        let mut m: u8 = 1;
+        for n in 0..2 {
+            let q = &self.qs[32 * n..32 * n + 32];
+            for j in 0..4 {
+                let shift = 2 * j;
+                for half in 0..2 {
+                    let dl = d_all * self.scale(is) as f32;
+                    is += 1;
+                    for l in 0..16 {
+                        let i = l + 16 * half;
+                        let low = ((q[i] >> shift) & 3) as i32;
+                        let sub = if self.hmask[i] & m != 0 { 0 } else { 4 };
+                        out[y] = dl * (low - sub) as f32;
+                        y += 1;
+                    }
+                }
+                m <<= 1;
+            }
+        }
+    }
+}
+
+/// `block_q4_K` (ggml-common.h): 256 values in 8 sub-blocks of 32,
+/// `x = (d * sc) * q - dmin * m` with 4-bit `q` and 6-bit `sc`, `m` (see [`get_scale_min_k4`]).
+///
+/// Each 64-value chunk `c` uses `qs[32c..32c+32]`: low nibbles are sub-block `2c`, high nibbles
+/// sub-block `2c + 1`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ4K {
+    /// Super-block scale for the scales, fp16 bits.
+    pub d: [u8; 2],
+    /// Super-block scale for the mins, fp16 bits.
+    pub dmin: [u8; 2],
+    /// 8 scales and 8 mins, 6 bits each, packed (`get_scale_min_k4`).
+    pub scales: [u8; 12],
+    /// 4-bit quants.
+    pub qs: [u8; 128],
+}
+size_check!(BlockQ4K, 144);
+
+impl GgmlBlock for BlockQ4K {
+    const TYPE: GgmlType = GgmlType::Q4_K;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        let min = fp16_to_f32(self.dmin);
+        for c in 0..4 {
+            let q = &self.qs[32 * c..32 * c + 32];
+            let (sc, m) = get_scale_min_k4(2 * c, &self.scales);
+            let (d1, m1) = (d * sc as f32, min * m as f32);
+            let (sc, m) = get_scale_min_k4(2 * c + 1, &self.scales);
+            let (d2, m2) = (d * sc as f32, min * m as f32);
+            let y = &mut out[64 * c..64 * c + 64];
+            for l in 0..32 {
+                y[l] = d1 * (q[l] & 0xF) as f32 - m1;
+                y[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
+            }
+        }
+    }
+}
+
+/// `block_q5_K` (ggml-common.h): 256 values in 8 sub-blocks of 32,
+/// `x = (d * sc) * q - dmin * m` with 5-bit `q`: low 4 bits as in Q4_K, and the 5th bit of value
+/// `l` of sub-block `s` is bit `s` of `qh[l]` (case C09).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ5K {
+    /// Super-block scale for the scales, fp16 bits.
+    pub d: [u8; 2],
+    /// Super-block scale for the mins, fp16 bits.
+    pub dmin: [u8; 2],
+    /// 8 scales and 8 mins, 6 bits each, packed (`get_scale_min_k4`).
+    pub scales: [u8; 12],
+    /// 5th bits.
+    pub qh: [u8; 32],
+    /// Low 4 bits.
+    pub qs: [u8; 128],
+}
+size_check!(BlockQ5K, 176);
+
+impl GgmlBlock for BlockQ5K {
+    const TYPE: GgmlType = GgmlType::Q5_K;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        let min = fp16_to_f32(self.dmin);
+        for c in 0..4 {
+            let ql = &self.qs[32 * c..32 * c + 32];
+            let (u1, u2) = (1u8 << (2 * c), 2u8 << (2 * c));
+            let (sc, m) = get_scale_min_k4(2 * c, &self.scales);
+            let (d1, m1) = (d * sc as f32, min * m as f32);
+            let (sc, m) = get_scale_min_k4(2 * c + 1, &self.scales);
+            let (d2, m2) = (d * sc as f32, min * m as f32);
+            let y = &mut out[64 * c..64 * c + 64];
+            for l in 0..32 {
+                let h1 = if self.qh[l] & u1 != 0 { 16 } else { 0 };
+                let h2 = if self.qh[l] & u2 != 0 { 16 } else { 0 };
+                y[l] = d1 * ((ql[l] & 0xF) + h1) as f32 - m1;
+                y[l + 32] = d2 * ((ql[l] >> 4) + h2) as f32 - m2;
+            }
+        }
+    }
+}
+
+/// `block_q6_K` (ggml-common.h): 256 values in 16 sub-blocks of 16, `x = (d * scales[s]) * (q - 32)`
+/// with 6-bit `q` (low 4 bits in `ql`, top 2 bits in `qh`) and signed 8-bit scales.
+///
+/// Each 128-value half `n` uses `ql[64n..64n+64]` and `qh[32n..32n+32]`: for `l` in 0..32, values
+/// `l`, `l+32`, `l+64`, `l+96` take the low/high nibbles of `ql[l]`, `ql[l+32]` and bit pairs 0, 2,
+/// 4, 6 of `qh[l]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ6K {
+    /// Low 4 bits.
+    pub ql: [u8; 128],
+    /// Top 2 bits.
+    pub qh: [u8; 64],
+    /// Signed 8-bit sub-block scales.
+    pub scales: [i8; 16],
+    /// Super-block scale, fp16 bits.
+    pub d: [u8; 2],
+}
+size_check!(BlockQ6K, 210);
+
+impl GgmlBlock for BlockQ6K {
+    const TYPE: GgmlType = GgmlType::Q6_K;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        for n in 0..2 {
+            let ql = &self.ql[64 * n..64 * n + 64];
+            let qh = &self.qh[32 * n..32 * n + 32];
+            let sc = &self.scales[8 * n..8 * n + 8];
+            let y = &mut out[128 * n..128 * n + 128];
+            for l in 0..32 {
+                let is = l / 16;
+                let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                y[l] = d * sc[is] as f32 * q1 as f32;
+                y[l + 32] = d * sc[is + 2] as f32 * q2 as f32;
+                y[l + 64] = d * sc[is + 4] as f32 * q3 as f32;
+                y[l + 96] = d * sc[is + 6] as f32 * q4 as f32;
+            }
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! CubeCL kernels over raw ggml blocks.
+//!
+//! A GGUF tensor's bytes live on the device unchanged, as `u32` words ([`words_for_bytes`]).
+//! Each ggml type has one block decoder ([`formats`], behind the [`formats::BlockDecode`] trait);
+//! each op is one kernel generic over it:
+//! - [`gemv::gemv`]: fused dequantize + GEMV for 1..=[`MAX_GEMV_ROWS`] activation rows (decode);
+//! - [`dequantize::dequantize_rows`]: dequantize rows by id (embedding lookup, and the bounded
+//!   scratch of chunked prefill).
+//!
+//! The launch functions here check every buffer length against the shapes before launching the
+//! unchecked kernels, so they are safe to call with any arguments.
+pub mod dequantize;
+pub mod formats;
+pub mod gemv;
+pub mod words;
+
+use cubecl::client::Client;
+use cubecl::features::Plane;
+use cubecl::prelude::*;
+use formats::{BF16, BlockFormat, F16, F32, Q4K, Q5_0, Q6K, Q8_0};
+use gguf::GgmlType;
+
+/// Runs `$body` with `$F` bound to the decoder type of `$ty`, or evaluates `$none`.
+macro_rules! with_format {
+    ($ty:expr, $F:ident => $body:expr, $none:expr) => {
+        match $ty {
+            GgmlType::F32 => {
+                type $F = F32;
+                $body
+            }
+            GgmlType::F16 => {
+                type $F = F16;
+                $body
+            }
+            GgmlType::BF16 => {
+                type $F = BF16;
+                $body
+            }
+            GgmlType::Q8_0 => {
+                type $F = Q8_0;
+                $body
+            }
+            GgmlType::Q5_0 => {
+                type $F = Q5_0;
+                $body
+            }
+            GgmlType::Q4_K => {
+                type $F = Q4K;
+                $body
+            }
+            GgmlType::Q6_K => {
+                type $F = Q6K;
+                $body
+            }
+            _ => $none,
+        }
+    };
+}
+
+/// Most activation rows one fused GEMV launch takes; more rows go through chunked prefill.
+pub const MAX_GEMV_ROWS: usize = 8;
+
+/// Errors from the launch functions: arguments that do not fit the kernels.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// No block decoder for this ggml type (the loader falls back to dequantization).
+    #[error("no kernel for ggml type {0}")]
+    Unsupported(GgmlType),
+    /// Shapes or buffer lengths that do not fit the op.
+    #[error("{op}: {reason}")]
+    Shape { op: &'static str, reason: String },
+}
+
+/// Whether a kernel decoder exists for `ty`.
+pub fn supports(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::Q8_0
+            | GgmlType::Q5_0
+            | GgmlType::Q4_K
+            | GgmlType::Q6_K
+    )
+}
+
+/// Elements per block as the kernels read them (32-element pseudo-blocks for F32/F16/BF16):
+/// a row must be a multiple of this long.
+pub fn kernel_block_elems(ty: GgmlType) -> Option<usize> {
+    with_format!(ty, F => Some(F::BLOCK_ELEMS as usize), None)
+}
+
+/// Packs a tensor's raw bytes into little-endian `u32` words, zero-padded to whole words plus
+/// one extra word (the decoders' unaligned reads load one word past a field).
+pub fn words_for_bytes(bytes: &[u8]) -> Vec<u32> {
+    let mut words = vec![0u32; bytes.len().div_ceil(4) + 1];
+    let (body, tail) = bytes.split_at(bytes.len() / 4 * 4);
+    for (w, c) in words.iter_mut().zip(body.chunks_exact(4)) {
+        *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    for (i, b) in tail.iter().enumerate() {
+        words[body.len() / 4] |= (*b as u32) << (8 * i);
+    }
+    words
+}
+
+/// Words needed to hold `n_bytes` of blocks (see [`words_for_bytes`]).
+pub fn words_len(n_bytes: usize) -> usize {
+    n_bytes.div_ceil(4) + 1
+}
+
+/// How a GEMV launch maps onto the device: `lanes` units per output row (the plane width when
+/// `plane`), `rows_per_cube` output rows per cube.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemvConfig {
+    pub lanes: u32,
+    pub rows_per_cube: u32,
+    pub plane: bool,
+}
+
+impl GemvConfig {
+    /// The variant for this device: plane reduction with one plane per row where the device
+    /// has plane ops and a fixed plane width, shared-memory reduction with 8 lanes otherwise.
+    pub fn for_client(client: &Client) -> Self {
+        let props = client.properties();
+        let hw = &props.hardware;
+        let fixed = hw.plane_size_min == hw.plane_size_max && hw.plane_size_max.is_power_of_two();
+        if client.features().plane.contains(Plane::Ops) && fixed && hw.plane_size_max <= 64 {
+            let lanes = hw.plane_size_max;
+            GemvConfig {
+                lanes,
+                rows_per_cube: (256 / lanes).clamp(1, 8),
+                plane: true,
+            }
+        } else {
+            GemvConfig {
+                lanes: 8,
+                rows_per_cube: 8,
+                plane: false,
+            }
+        }
+    }
+}
+
+/// A cube count for `n` cubes that respects the 65 535-per-dimension limit (case C29).
+pub fn cube_count_for(n: u32) -> CubeCount {
+    const MAX: u32 = 65_535;
+    if n <= MAX {
+        CubeCount::Static(n.max(1), 1, 1)
+    } else {
+        CubeCount::Static(MAX, n.div_ceil(MAX), 1)
+    }
+}
+
+fn shape_err(op: &'static str, reason: String) -> KernelError {
+    KernelError::Shape { op, reason }
+}
+
+/// Checks that `cols` is a whole number of kernel blocks and returns the bytes of one row.
+fn row_bytes(op: &'static str, ty: GgmlType, cols: usize) -> Result<usize, KernelError> {
+    let be = kernel_block_elems(ty).ok_or(KernelError::Unsupported(ty))?;
+    if cols == 0 || cols % be != 0 {
+        return Err(shape_err(
+            op,
+            format!("row length {cols} is not a positive multiple of {be} for {ty}"),
+        ));
+    }
+    let bb = with_format!(ty, F => F::BLOCK_BYTES as usize, 0);
+    Ok(cols / be * bb)
+}
+
+fn check_words(
+    op: &'static str,
+    w: &BufferArg,
+    rows: usize,
+    row_bytes: usize,
+) -> Result<(), KernelError> {
+    let need = rows
+        .checked_mul(row_bytes)
+        .filter(|b| *b <= u32::MAX as usize - 8)
+        .ok_or_else(|| {
+            shape_err(
+                op,
+                format!("{rows} rows of {row_bytes} bytes exceed a 4 GiB buffer"),
+            )
+        })?;
+    if w.len() < words_len(need) {
+        return Err(shape_err(
+            op,
+            format!(
+                "weight buffer has {} words, {rows} rows need {}",
+                w.len(),
+                words_len(need)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `y[r, n] = sum_k x[r, k] * W[n, k]` for `m = x.len() / cols` activation rows
+/// (`1..=MAX_GEMV_ROWS`). `w`: `rows` rows of `cols` elements of `ty` as words; `x`: `[m, cols]`
+/// f32; `y`: `[m, rows]` f32.
+///
+/// # Errors
+/// Unsupported type, `cols` not a multiple of the type's block, `m` out of range, or a buffer
+/// shorter than the shapes need.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_gemv(
+    client: &Client,
+    ty: GgmlType,
+    w: BufferArg,
+    x: BufferArg,
+    y: BufferArg,
+    rows: usize,
+    cols: usize,
+    config: GemvConfig,
+) -> Result<(), KernelError> {
+    const OP: &str = "gemv";
+    let rb = row_bytes(OP, ty, cols)?;
+    check_words(OP, &w, rows, rb)?;
+    let m = x.len() / cols;
+    if m == 0 || m > MAX_GEMV_ROWS || x.len() != m * cols {
+        return Err(shape_err(
+            OP,
+            format!(
+                "x has {} values, not 1..={MAX_GEMV_ROWS} rows of {cols}",
+                x.len()
+            ),
+        ));
+    }
+    if y.len() < m * rows
+        || rows > u32::MAX as usize
+        || m * cols > u32::MAX as usize
+        || m * rows > u32::MAX as usize
+    {
+        return Err(shape_err(
+            OP,
+            format!("y has {} values, {m} x {rows} needed", y.len()),
+        ));
+    }
+    let cubes = (rows as u32).div_ceil(config.rows_per_cube);
+    let count = cube_count_for(cubes);
+    let dim = CubeDim::new_2d(config.lanes, config.rows_per_cube);
+    with_format!(ty, F => {
+        // SAFETY: every index the kernel forms is below the lengths checked above: chunk reads stay
+        // inside `rows * row_bytes` bytes (+1 padding word), x reads below m * cols, writes below m * rows.
+        unsafe {
+            gemv::gemv::launch_unchecked::<F>(
+                client, count, dim, w, x, y, rows as u32, cols as u32, m as u32,
+                config.lanes, config.rows_per_cube, config.plane,
+            )
+        };
+        Ok(())
+    }, Err(KernelError::Unsupported(ty)))
+}
+
+/// `out[t, :] = W[ids[t] - row_start, :]` dequantized to f32 when `ids[t]` lies in
+/// `[row_start, row_start + rows)`, zeros otherwise. `w`: `rows` rows of `cols` elements of
+/// `ty`; `ids`: u32; `out`: `[ids.len(), cols]` f32.
+///
+/// # Errors
+/// Unsupported type, `cols` not a multiple of the type's block, or buffers shorter than needed.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_dequantize_rows(
+    client: &Client,
+    ty: GgmlType,
+    w: BufferArg,
+    ids: BufferArg,
+    out: BufferArg,
+    row_start: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<(), KernelError> {
+    const OP: &str = "dequantize_rows";
+    let rb = row_bytes(OP, ty, cols)?;
+    check_words(OP, &w, rows, rb)?;
+    let n = ids.len();
+    let total = n.checked_mul(cols).filter(|t| *t <= u32::MAX as usize);
+    if total.is_none_or(|t| out.len() < t)
+        || row_start > u32::MAX as usize
+        || rows > u32::MAX as usize
+    {
+        return Err(shape_err(
+            OP,
+            format!("out has {} values, {n} x {cols} needed", out.len()),
+        ));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let units = (n * cols / formats::CHUNK_ELEMS as usize) as u32;
+    let per_cube = 64u32;
+    let count = cube_count_for(units.div_ceil(per_cube));
+    with_format!(ty, F => {
+        // SAFETY: weight reads happen only for ids inside the part, whose rows were checked to
+        // lie in `w`; writes are below n * cols <= out.len().
+        unsafe {
+            dequantize::dequantize_rows::launch_unchecked::<F>(
+                client, count, CubeDim::new_1d(per_cube), w, ids, out,
+                row_start as u32, rows as u32, cols as u32,
+            )
+        };
+        Ok(())
+    }, Err(KernelError::Unsupported(ty)))
+}

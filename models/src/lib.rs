@@ -1,0 +1,31 @@
+//! Model architectures over burn-gguf: Gemma 3, the tokenizer from GGUF metadata, sampling and
+//! generation with a KV cache.
+pub mod gemma3;
+pub mod generate;
+pub mod sampling;
+pub mod tokenizer;
+
+pub use gemma3::{Gemma3, Gemma3Config, KvCache};
+pub use generate::{CausalLm, Generation, Timings, generate};
+pub use sampling::{Sampler, SamplerConfig};
+pub use tokenizer::GgufTokenizer;
+
+/// Errors of the model layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The container is malformed (names the key or tensor).
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+    /// Loading weights failed.
+    #[error(transparent)]
+    Load(#[from] burn_gguf::Error),
+    /// Tokenizer construction or use failed.
+    #[error(transparent)]
+    Tokenizer(#[from] tokenizer::TokenizerError),
+    /// The model's metadata or inputs do not fit the architecture.
+    #[error("{0}")]
+    Model(String),
+    /// A device operation failed (reported at read-back).
+    #[error("device error: {0}")]
+    Device(String),
+}

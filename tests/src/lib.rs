@@ -1,0 +1,65 @@
+//! Shared helpers of the integration tests: fixture paths, the real Gemma model, deterministic
+//! inputs and reference math.
+use std::path::PathBuf;
+
+/// `../shared/fixtures` beside the checkout.
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/fixtures"
+    ))
+}
+
+/// Reads a fixture file (panics with the path if it is missing: fixtures are part of the
+/// test setup).
+pub fn read_fixture(rel: &str) -> Vec<u8> {
+    let p = fixtures().join(rel);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()))
+}
+
+/// A fixture file of little-endian f32 values.
+pub fn read_f32s(rel: &str) -> Vec<f32> {
+    read_fixture(rel)
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// A fixture JSON file.
+pub fn read_json(rel: &str) -> serde_json::Value {
+    serde_json::from_slice(&read_fixture(rel)).unwrap_or_else(|e| panic!("fixture {rel}: {e}"))
+}
+
+/// The real Gemma 3 270M Q4_K_M file: `$BURN_GGUF_GEMMA`, else the cache (fetched on first use).
+pub fn gemma_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("BURN_GGUF_GEMMA") {
+        return PathBuf::from(p);
+    }
+    burn_gguf_cli::fetch::ensure_model("gemma3-270m")
+        .unwrap_or_else(|e| panic!("Gemma 3 270M model: {e}"))
+}
+
+/// Deterministic pseudo-random values in [-1, 1) (xorshift).
+pub fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+        | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// `ids` parsed from a JSON array.
+pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}

@@ -1,0 +1,203 @@
+//! Every kernel type against the CPU codec: the fused GEMV against an f64 dot of the codec's
+//! dequantized weights (within 1e-5 of the dot's magnitude), the dequantize-rows op against the
+//! codec element for element, on fixture blocks from llama.cpp and on the real Gemma tensors,
+//! including a row count that is not a multiple of the rows per workgroup and a tensor over
+//! 128 MiB (split into device buffers by rows).
+use burn::tensor::{Tensor, TensorData};
+use burn_gguf::GgmlTensor;
+use burn_gguf_tests::{rand_vec, read_fixture};
+use gguf::GgmlType;
+
+/// GEMV tolerance: |y - y_ref| <= TOL * sum_k |w_k x_k| (the scale of f32 rounding in a dot).
+const TOL: f64 = 1e-5;
+
+fn to_vec(t: Tensor<2>) -> Vec<f32> {
+    t.try_into_data()
+        .expect("device read-back")
+        .try_to_vec::<f32>()
+        .expect("f32 data")
+}
+
+/// Checks dequantize and GEMV (m = 1, 2, 5, 8 fused; 11 through prefill) of `bytes` viewed as
+/// `[rows, cols]` of `ty`.
+fn check(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) {
+    let device = burn_gguf::default_device();
+    let reference = ggml_codec::dequantize_to_vec(ty, bytes, rows * cols).expect("codec");
+    let t = GgmlTensor::from_bytes(bytes, ty, [rows, cols], &device).expect("upload");
+
+    let deq = to_vec(t.dequantize());
+    let scale = reference
+        .iter()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(f32::MIN_POSITIVE);
+    for (i, (a, b)) in deq.iter().zip(&reference).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6 * scale,
+            "{ty} [{rows}x{cols}] dequantize [{i}]: {a} vs codec {b}"
+        );
+    }
+
+    for (seed, m) in [1usize, 2, 5, 8, 11].into_iter().enumerate() {
+        let x = rand_vec(m * cols, 100 + seed as u64);
+        let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, cols]), &device);
+        let y = to_vec(t.matmul_t(xt));
+        assert_eq!(y.len(), m * rows);
+        for r in 0..m {
+            for n in 0..rows {
+                let (mut dot, mut mag) = (0f64, 0f64);
+                for k in 0..cols {
+                    let p = reference[n * cols + k] as f64 * x[r * cols + k] as f64;
+                    dot += p;
+                    mag += p.abs();
+                }
+                let got = y[r * rows + n] as f64;
+                assert!(
+                    (got - dot).abs() <= TOL * mag.max(1e-30),
+                    "{ty} [{rows}x{cols}] m={m} y[{r},{n}] = {got}, f64 reference {dot} (|w||x| = {mag})"
+                );
+            }
+        }
+    }
+}
+
+/// Fixture blocks `dequant/<name>.blocks.bin` (128 rows x 256 values as quantized by ggml).
+fn fixture(name: &str) -> Vec<u8> {
+    read_fixture(&format!("dequant/{name}.blocks.bin"))
+}
+
+/// The fixture's 128 x 256 values viewed as rows of 256 (125 of them: not a multiple of any
+/// rows-per-cube the GEMV uses), 1024 and 2048 values.
+fn check_fixture(ty: GgmlType, bytes: &[u8]) {
+    for (rows, cols) in [(125, 256), (32, 1024), (13, 2048)] {
+        let n = rows * ty.row_bytes(cols as u64).unwrap() as usize;
+        check(ty, &bytes[..n], rows, cols);
+    }
+}
+
+#[test]
+fn f32_kernels() {
+    check_fixture(GgmlType::F32, &read_fixture("dequant/source_f32.bin"));
+}
+
+#[test]
+fn f16_kernels() {
+    check_fixture(GgmlType::F16, &fixture("F16"));
+}
+
+#[test]
+fn bf16_kernels() {
+    check_fixture(GgmlType::BF16, &fixture("BF16"));
+}
+
+#[test]
+fn q8_0_kernels() {
+    check_fixture(GgmlType::Q8_0, &fixture("Q8_0"));
+    check(GgmlType::Q8_0, &fixture("gemma_token_embd_Q8_0"), 24, 640);
+}
+
+#[test]
+fn q5_0_kernels() {
+    check_fixture(GgmlType::Q5_0, &fixture("Q5_0"));
+    check(GgmlType::Q5_0, &fixture("gemma_blk_0_attn_q_Q5_0"), 24, 640);
+}
+
+#[test]
+fn q4_k_kernels() {
+    check_fixture(GgmlType::Q4_K, &fixture("Q4_K"));
+    check(
+        GgmlType::Q4_K,
+        &fixture("gemma_blk_0_attn_output_Q4_K"),
+        96,
+        1024,
+    );
+}
+
+#[test]
+fn q6_k_kernels() {
+    check_fixture(GgmlType::Q6_K, &fixture("Q6_K"));
+    check(
+        GgmlType::Q6_K,
+        &fixture("gemma_blk_0_ffn_down_Q6_K"),
+        48,
+        2048,
+    );
+}
+
+#[test]
+fn unsupported_type_and_bad_shapes_are_errors() {
+    let device = burn_gguf::default_device();
+    // Every type without a kernel is refused at upload (the loader then falls back).
+    for &ty in GgmlType::all() {
+        if !ggml_kernels::supports(ty) {
+            let bytes = vec![0u8; ty.row_bytes(256 * ty.block_size() as u64).unwrap() as usize];
+            let err = GgmlTensor::from_bytes(&bytes, ty, [1, 256 * ty.block_size()], &device);
+            assert!(
+                matches!(err, Err(burn_gguf::Error::Unsupported { .. })),
+                "{ty}: {err:?}"
+            );
+        }
+    }
+    let q8 = fixture("Q8_0");
+    // 250 is not a multiple of 32; a byte count that does not match the shape.
+    assert!(GgmlTensor::from_bytes(&q8, GgmlType::Q8_0, [128, 250], &device).is_err());
+    assert!(GgmlTensor::from_bytes(&q8[..100], GgmlType::Q8_0, [128, 256], &device).is_err());
+}
+
+/// Gemma's tied `token_embd` (Q8_0, 262144 x 640, 178 MB) is over lavapipe's 128 MiB storage
+/// buffer limit: it is split by rows, and GEMV and lookups across the split agree with the codec.
+#[test]
+fn tensor_over_128_mib_is_split_by_rows() {
+    let file = gguf::GgufFile::open(burn_gguf_tests::gemma_path()).expect("gemma file");
+    let info = file.tensor("token_embd.weight").expect("token_embd");
+    assert_eq!(info.ggml_type, GgmlType::Q8_0);
+    let bytes = file.tensor_data(info);
+    assert!(bytes.len() > 128 << 20);
+    let [rows, cols] = <[usize; 2]>::try_from(info.shape()).unwrap();
+    let device = burn_gguf::default_device();
+    let t = GgmlTensor::from_bytes(bytes, GgmlType::Q8_0, [rows, cols], &device).expect("upload");
+    assert!(
+        t.num_parts() >= 2,
+        "a 178 MB tensor must be split on a 128 MiB device"
+    );
+
+    let row_bytes = info.ggml_type.row_bytes(cols as u64).unwrap() as usize;
+    let row = |r: usize| {
+        ggml_codec::dequantize_to_vec(GgmlType::Q8_0, &bytes[r * row_bytes..][..row_bytes], cols)
+            .unwrap()
+    };
+
+    let m = 2;
+    let x = rand_vec(m * cols, 7);
+    let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, cols]), &device);
+    let y = to_vec(t.matmul_t(xt));
+    assert_eq!(y.len(), m * rows);
+    for n in 0..rows {
+        let w = row(n);
+        for r in 0..m {
+            let (mut dot, mut mag) = (0f64, 0f64);
+            for k in 0..cols {
+                let p = w[k] as f64 * x[r * cols + k] as f64;
+                dot += p;
+                mag += p.abs();
+            }
+            let got = y[r * rows + n] as f64;
+            assert!(
+                (got - dot).abs() <= TOL * mag,
+                "token_embd y[{r},{n}] = {got}, reference {dot}"
+            );
+        }
+    }
+
+    // Lookups on both sides of every part boundary, and the last row.
+    let split = (((128u64 << 20) - 8) / row_bytes as u64) as u32;
+    let ids = [0u32, 1, split - 1, split, split + 1, rows as u32 - 1, 2];
+    let got = to_vec(t.gather_rows(&ids).unwrap());
+    for (i, &id) in ids.iter().enumerate() {
+        assert_eq!(
+            &got[i * cols..(i + 1) * cols],
+            row(id as usize).as_slice(),
+            "row {id}"
+        );
+    }
+    assert!(t.gather_rows(&[rows as u32]).is_err());
+}

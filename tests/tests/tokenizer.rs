@@ -1,0 +1,424 @@
+//! Tokenizer from GGUF metadata against llama.cpp: the `tokenizer_vectors.json` fixture (llama.cpp
+//! `llama_tokenize(parse_special = true)` ids) for the real Gemma 3 270M vocabulary (SPM) and the
+//! tiny Qwen3 one (byte-level BPE), plus the metadata validation cases C06, C23 and C24.
+//!
+//! The Gemma tests read `$BURN_GGUF_GEMMA`, else `~/.cache/burn-gguf/models/gemma-3-270m-q4_k_m.gguf`,
+//! and print a note and pass when the file is absent.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn_gguf_models::tokenizer::{GgufTokenizer, TokenizerError, VocabType, pre_tokenize};
+use burn_gguf_tests::{fixtures, json_ids, read_json};
+use gguf::{GgufFile, GgufWriter, MetadataArray, MetadataValue};
+
+/// The Gemma file, or `None` (with a note) when it is not on this machine.
+fn gemma_file() -> Option<GgufFile> {
+    let path = std::env::var_os("BURN_GGUF_GEMMA")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| PathBuf::from(h).join(".cache/burn-gguf/models/gemma-3-270m-q4_k_m.gguf"))
+        });
+    match path {
+        Some(p) if p.exists() => {
+            Some(GgufFile::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        }
+        _ => {
+            eprintln!("note: Gemma 3 270M GGUF not found (set BURN_GGUF_GEMMA); skipping");
+            None
+        }
+    }
+}
+
+/// `(text, ids with add_special, ids without)` of one model's vectors.
+fn vectors(model: &str) -> Vec<(String, Vec<u32>, Vec<u32>)> {
+    let v = read_json("tokenizer/tokenizer_vectors.json");
+    let cases = v[model]["cases"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no vectors for {model}"));
+    assert!(!cases.is_empty());
+    cases
+        .iter()
+        .map(|c| {
+            (
+                c["text"].as_str().expect("text").to_string(),
+                json_ids(&c["ids_add_special"]),
+                json_ids(&c["ids_no_add_special"]),
+            )
+        })
+        .collect()
+}
+
+/// Checks every vector: ids with and without `add_special`, and that decoding gives the text back
+/// (control tokens render as nothing in `decode`, as their text with `unparse_special`).
+fn check_vectors(tok: &GgufTokenizer, model: &str) {
+    let mut failures = Vec::new();
+    for (text, with, without) in vectors(model) {
+        let got_with = tok.encode(&text, true).unwrap();
+        let got_without = tok.encode(&text, false).unwrap();
+        if got_with != with {
+            failures.push(format!(
+                "{text:?} add_special:\n  got  {got_with:?}\n  want {with:?}"
+            ));
+        }
+        if got_without != without {
+            failures.push(format!(
+                "{text:?}:\n  got  {got_without:?}\n  want {without:?}"
+            ));
+        }
+        let has_control = without.iter().any(|&id| tok.is_control(id));
+        let decoded = tok.decode(&without).unwrap();
+        if !has_control && decoded != text {
+            failures.push(format!("decode {text:?} gave {decoded:?}"));
+        }
+        let unparsed = tok.decode_with(&without, true).unwrap();
+        if unparsed != text {
+            failures.push(format!(
+                "decode_with(unparse_special) {text:?} gave {unparsed:?}"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{model}: {} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn gemma_vectors_match_llama_cpp() {
+    let Some(file) = gemma_file() else { return };
+    let t0 = Instant::now();
+    let tok = GgufTokenizer::from_gguf(&file).expect("tokenizer");
+    eprintln!(
+        "Gemma tokenizer ({} tokens) built in {:?}",
+        tok.vocab_size(),
+        t0.elapsed()
+    );
+    assert_eq!(tok.vocab_type(), VocabType::Spm);
+    assert_eq!(tok.vocab_size(), 262144);
+    assert_eq!(
+        (tok.bos_id(), tok.eos_id(), tok.eot_id()),
+        (Some(2), Some(1), Some(106))
+    );
+    assert!(tok.add_bos() && !tok.add_eos());
+    check_vectors(&tok, "gemma3_270m_spm");
+
+    // Control tokens render as nothing in decode, as their text in token_to_piece.
+    let chat = tok
+        .encode("<start_of_turn>user\nhi<end_of_turn>\n", false)
+        .unwrap();
+    assert_eq!(tok.decode(&chat).unwrap(), "user\nhi\n");
+    assert_eq!(tok.token_to_piece(105).unwrap(), "<start_of_turn>");
+    assert_eq!(tok.decode(&[2, 818, 5279]).unwrap(), "The capital");
+    assert!(tok.decode(&[262144]).is_err());
+
+    // End of generation: <eos>, <end_of_turn>; not </s> (212, an HTML tag in Gemma's vocabulary).
+    assert!(tok.is_eog(1) && tok.is_eog(106));
+    assert!(!tok.is_eog(2) && !tok.is_eog(212) && !tok.is_eog(818));
+}
+
+#[test]
+fn gemma_greedy_output_decodes_like_llama_cpp() {
+    let Some(file) = gemma_file() else { return };
+    let tok = GgufTokenizer::from_gguf(&file).expect("tokenizer");
+    let run = read_json("gemma/gemma3_270m_capital_kvf32.json");
+    assert_eq!(
+        tok.encode(run["prompt_text"].as_str().unwrap(), true)
+            .unwrap(),
+        json_ids(&run["prompt_ids"])
+    );
+    let greedy = json_ids(&run["greedy_ids"]);
+    let hex = |s: &str| -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    };
+    assert_eq!(
+        tok.decode_bytes(&greedy).unwrap(),
+        hex(run["greedy_text_hex"].as_str().unwrap())
+    );
+    let pieces: Vec<Vec<u8>> = run["greedy_pieces_hex"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| hex(p.as_str().unwrap()))
+        .collect();
+    assert_eq!(pieces.len(), greedy.len());
+    for (&id, want) in greedy.iter().zip(&pieces) {
+        assert_eq!(&tok.token_bytes(id, false).unwrap(), want, "piece of {id}");
+    }
+}
+
+#[test]
+fn gemma_c24_prompt_starting_with_bos_gets_one_bos() {
+    let Some(file) = gemma_file() else { return };
+    let tok = GgufTokenizer::from_gguf(&file).expect("tokenizer");
+    let rendered = "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n";
+    // llama.cpp's tokenize keeps both (and warns); encode_prompt sends exactly one.
+    assert_eq!(&tok.encode(rendered, true).unwrap()[..3], &[2, 2, 105]);
+    let ids = tok.encode_prompt(rendered).unwrap();
+    assert_eq!(&ids[..2], &[2, 105]);
+    assert_eq!(ids.iter().filter(|&&id| id == 2).count(), 1);
+    assert_eq!(
+        tok.encode_prompt("<start_of_turn>user\n").unwrap()[..2],
+        [2, 105]
+    );
+}
+
+#[test]
+fn tiny_qwen3_bpe_vectors_match_llama_cpp() {
+    let file = GgufFile::open(fixtures().join("gguf/tiny-qwen3-f16.gguf")).expect("tiny qwen3");
+    let tok = GgufTokenizer::from_gguf(&file).expect("tokenizer");
+    assert_eq!(tok.vocab_type(), VocabType::Bpe);
+    assert!(!tok.add_bos());
+    check_vectors(&tok, "tiny_qwen3_gpt2_bpe");
+    // <|im_end|> is end of generation (found by its text) and renders as nothing.
+    let im_end = tok.token_to_id("<|im_end|>").unwrap();
+    assert!(tok.is_eog(im_end));
+    assert_eq!(
+        tok.decode(&tok.encode("hi<|im_end|>", false).unwrap())
+            .unwrap(),
+        "hi"
+    );
+}
+
+/// A GGUF holding only the given metadata, read back.
+fn gguf_with(kv: Vec<(&str, MetadataValue)>) -> GgufFile {
+    let mut w = GgufWriter::new();
+    for (k, v) in kv {
+        w.add_metadata(k, v);
+    }
+    GgufFile::from_bytes(w.to_bytes().expect("write")).expect("read back")
+}
+
+fn strings(v: &[&str]) -> MetadataValue {
+    MetadataValue::Array(MetadataArray::String(
+        v.iter().map(|s| s.to_string()).collect(),
+    ))
+}
+
+const EIGHT: [&str; 8] = ["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "ab"];
+
+/// The C06 file: 8 tokens, with `scores` and `token_type` as given.
+fn c06_file(scores: MetadataValue, types: MetadataValue) -> GgufFile {
+    gguf_with(vec![
+        (
+            "tokenizer.ggml.model",
+            MetadataValue::String("llama".into()),
+        ),
+        ("tokenizer.ggml.tokens", strings(&EIGHT)),
+        ("tokenizer.ggml.scores", scores),
+        ("tokenizer.ggml.token_type", types),
+    ])
+}
+
+fn err(file: &GgufFile) -> String {
+    GgufTokenizer::from_gguf(file)
+        .expect_err("must be rejected")
+        .to_string()
+}
+
+#[test]
+fn c06_array_element_types_and_lengths_are_checked() {
+    let types = || MetadataValue::Array(MetadataArray::I32(vec![2, 3, 3, 1, 1, 1, 1, 1]));
+    let scores = || MetadataValue::Array(MetadataArray::F32((0..8).map(|i| -(i as f32)).collect()));
+
+    // The minimal failing input: scores as ARRAY[UINT8] with the right count.
+    let e = err(&c06_file(
+        MetadataValue::Array(MetadataArray::U8(vec![0; 8])),
+        types(),
+    ));
+    assert!(
+        e.contains("tokenizer.ggml.scores") && e.contains("must be an array of FLOAT32"),
+        "{e}"
+    );
+    assert!(e.contains("ARRAY[UINT8]"), "{e}");
+
+    // token_type must be INT32.
+    let e = err(&c06_file(
+        scores(),
+        MetadataValue::Array(MetadataArray::U8(vec![1; 8])),
+    ));
+    assert!(
+        e.contains("tokenizer.ggml.token_type") && e.contains("INT32"),
+        "{e}"
+    );
+    let e = err(&c06_file(
+        scores(),
+        MetadataValue::Array(MetadataArray::F32(vec![1.0; 8])),
+    ));
+    assert!(e.contains("tokenizer.ggml.token_type"), "{e}");
+
+    // Lengths must match the tokens.
+    let short = MetadataValue::Array(MetadataArray::F32(vec![0.0; 7]));
+    let e = GgufTokenizer::from_gguf(&c06_file(short, types())).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TokenizerError::LengthMismatch {
+                len: 7,
+                n_tokens: 8,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let long = MetadataValue::Array(MetadataArray::I32(vec![1; 9]));
+    let e = err(&c06_file(scores(), long));
+    assert!(
+        e.contains("tokenizer.ggml.token_type") && e.contains('9') && e.contains('8'),
+        "{e}"
+    );
+
+    // The well-formed file builds and tokenizes.
+    let tok = GgufTokenizer::from_gguf(&c06_file(scores(), types())).expect("valid");
+    assert_eq!(tok.vocab_size(), 8);
+    assert_eq!(tok.encode("ab", true).unwrap(), vec![1, 6, 5]);
+
+    // merges must be ARRAY[STRING] for gpt2.
+    let f = gguf_with(vec![
+        ("tokenizer.ggml.model", MetadataValue::String("gpt2".into())),
+        ("tokenizer.ggml.pre", MetadataValue::String("qwen2".into())),
+        ("tokenizer.ggml.tokens", strings(&["a", "b", "ab"])),
+        (
+            "tokenizer.ggml.merges",
+            MetadataValue::Array(MetadataArray::U8(vec![0; 1])),
+        ),
+    ]);
+    let e = err(&f);
+    assert!(
+        e.contains("tokenizer.ggml.merges") && e.contains("STRING"),
+        "{e}"
+    );
+
+    // Other metadata errors name their key.
+    let f = gguf_with(vec![
+        (
+            "tokenizer.ggml.model",
+            MetadataValue::String("llama".into()),
+        ),
+        ("tokenizer.ggml.tokens", strings(&EIGHT)),
+        ("tokenizer.ggml.eos_token_id", MetadataValue::U32(8)),
+    ]);
+    let e = err(&f);
+    assert!(
+        e.contains("tokenizer.ggml.eos_token_id") && e.contains("out of range"),
+        "{e}"
+    );
+    let f = gguf_with(vec![
+        ("tokenizer.ggml.model", MetadataValue::String("rwkv".into())),
+        ("tokenizer.ggml.tokens", strings(&EIGHT)),
+    ]);
+    assert!(matches!(
+        GgufTokenizer::from_gguf(&f),
+        Err(TokenizerError::UnsupportedModel(_))
+    ));
+    let f = gguf_with(vec![(
+        "tokenizer.ggml.model",
+        MetadataValue::String("llama".into()),
+    )]);
+    assert!(err(&f).contains("tokenizer.ggml.tokens"));
+    let f = gguf_with(vec![
+        (
+            "tokenizer.ggml.model",
+            MetadataValue::String("llama".into()),
+        ),
+        ("tokenizer.ggml.tokens", strings(&["a", "b", "a"])),
+    ]);
+    assert!(matches!(
+        GgufTokenizer::from_gguf(&f),
+        Err(TokenizerError::DuplicateToken {
+            first: 0,
+            second: 2,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn c23_pre_tokenizer_regex_follows_pre() {
+    let p = |pre: &str, s: &str| pre_tokenize(pre, s).unwrap();
+    assert_eq!(p("gpt2", "x 12345"), ["x", " 12345"]);
+    assert_eq!(p("llama-bpe", "x 12345"), ["x", " ", "123", "45"]);
+    assert_eq!(p("qwen2", "x 12345"), ["x", " ", "1", "2", "3", "4", "5"]);
+    for pre in ["gpt2", "llama-bpe", "qwen2"] {
+        assert_eq!(p(pre, "->"), ["->"], "{pre}");
+    }
+    // An unknown name is an error, not a silent fallback.
+    let f = gguf_with(vec![
+        ("tokenizer.ggml.model", MetadataValue::String("gpt2".into())),
+        (
+            "tokenizer.ggml.pre",
+            MetadataValue::String("no-such-pre".into()),
+        ),
+        ("tokenizer.ggml.tokens", strings(&["a", "b", "ab"])),
+        ("tokenizer.ggml.merges", strings(&["a b"])),
+    ]);
+    let e = GgufTokenizer::from_gguf(&f).unwrap_err();
+    assert!(
+        matches!(e, TokenizerError::UnsupportedPre(ref p) if p == "no-such-pre"),
+        "{e}"
+    );
+}
+
+#[test]
+fn c24_llama3_style_template_gets_one_bos_and_whole_special_tokens() {
+    // A byte-level vocabulary with Llama 3's special tokens (ids shifted: BOS is 256 here).
+    let mut tokens: Vec<String> = (0..=255u8).map(byte_char).collect();
+    let specials = [
+        "<|begin_of_text|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+    ];
+    tokens.extend(specials.iter().map(|s| s.to_string()));
+    let mut types = vec![1i32; 256];
+    types.extend([3; 4]);
+    let f = gguf_with(vec![
+        ("tokenizer.ggml.model", MetadataValue::String("gpt2".into())),
+        (
+            "tokenizer.ggml.pre",
+            MetadataValue::String("llama-bpe".into()),
+        ),
+        (
+            "tokenizer.ggml.tokens",
+            MetadataValue::Array(MetadataArray::String(tokens)),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            MetadataValue::Array(MetadataArray::I32(types)),
+        ),
+        (
+            "tokenizer.ggml.merges",
+            MetadataValue::Array(MetadataArray::String(Vec::new())),
+        ),
+        ("tokenizer.ggml.bos_token_id", MetadataValue::U32(256)),
+        ("tokenizer.ggml.eos_token_id", MetadataValue::U32(259)),
+        ("tokenizer.ggml.add_bos_token", MetadataValue::Bool(true)),
+    ]);
+    let tok = GgufTokenizer::from_gguf(&f).expect("tokenizer");
+    // `{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}`
+    let rendered = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>";
+    let ids = tok.encode_prompt(rendered).unwrap();
+    assert_eq!(&ids[..2], &[256, 257]);
+    assert_eq!(ids.iter().filter(|&&id| id == 256).count(), 1);
+    assert!(ids.contains(&258) && ids.ends_with(&[259]));
+    assert!(tok.is_eog(259));
+    assert_eq!(tok.decode(&ids).unwrap(), "user\n\nhi");
+}
+
+/// GPT-2's byte-to-unicode character for a byte.
+fn byte_char(b: u8) -> String {
+    let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    if printable {
+        return char::from(b).to_string();
+    }
+    let n = (0..b)
+        .filter(|&x| !matches!(x, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF))
+        .count() as u32;
+    char::from_u32(256 + n).unwrap().to_string()
+}

