@@ -127,7 +127,7 @@ struct Layer {
 }
 
 /// Keys and values of the tokens seen so far, per layer: `[n_head_kv, len, head_dim]` each.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct KvCache {
     layers: Vec<Option<(Tensor<3>, Tensor<3>)>>,
     len: usize,

@@ -2,33 +2,18 @@
 //! `llama_tokenize(parse_special = true)` ids) for the real Gemma 3 270M vocabulary (SPM) and the
 //! tiny Qwen3 one (byte-level BPE), plus the metadata validation cases C06, C23 and C24.
 //!
-//! The Gemma tests read `$BURN_GGUF_GEMMA`, else `~/.cache/burn-gguf/models/gemma-3-270m-q4_k_m.gguf`,
-//! and print a note and pass when the file is absent.
+//! The Gemma tests read `$BURN_GGUF_GEMMA`, else the model cache (fetched on first use).
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use burn_gguf_models::tokenizer::{GgufTokenizer, TokenizerError, VocabType, pre_tokenize};
 use burn_gguf_tests::{fixtures, json_ids, read_json};
 use gguf::{GgufFile, GgufWriter, MetadataArray, MetadataValue};
 
-/// The Gemma file, or `None` (with a note) when it is not on this machine.
-fn gemma_file() -> Option<GgufFile> {
-    let path = std::env::var_os("BURN_GGUF_GEMMA")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| PathBuf::from(h).join(".cache/burn-gguf/models/gemma-3-270m-q4_k_m.gguf"))
-        });
-    match path {
-        Some(p) if p.exists() => {
-            Some(GgufFile::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-        }
-        _ => {
-            eprintln!("note: Gemma 3 270M GGUF not found (set BURN_GGUF_GEMMA); skipping");
-            None
-        }
-    }
+/// The real Gemma file (`$BURN_GGUF_GEMMA`, else the cache, fetched on first use).
+fn gemma_file() -> GgufFile {
+    let p = burn_gguf_tests::gemma_path();
+    GgufFile::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 /// `(text, ids with add_special, ids without)` of one model's vectors.
@@ -89,7 +74,7 @@ fn check_vectors(tok: &GgufTokenizer, model: &str) {
 
 #[test]
 fn gemma_vectors_match_llama_cpp() {
-    let Some(file) = gemma_file() else { return };
+    let file = gemma_file();
     let t0 = Instant::now();
     let tok = GgufTokenizer::from_gguf(&file).expect("tokenizer");
     eprintln!(
@@ -122,7 +107,7 @@ fn gemma_vectors_match_llama_cpp() {
 
 #[test]
 fn gemma_greedy_output_decodes_like_llama_cpp() {
-    let Some(file) = gemma_file() else { return };
+    let file = gemma_file();
     let tok = GgufTokenizer::from_gguf(&file).expect("tokenizer");
     let run = read_json("gemma/gemma3_270m_capital_kvf32.json");
     assert_eq!(
@@ -155,7 +140,7 @@ fn gemma_greedy_output_decodes_like_llama_cpp() {
 
 #[test]
 fn gemma_c24_prompt_starting_with_bos_gets_one_bos() {
-    let Some(file) = gemma_file() else { return };
+    let file = gemma_file();
     let tok = GgufTokenizer::from_gguf(&file).expect("tokenizer");
     let rendered = "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n";
     // llama.cpp's tokenize keeps both (and warns); encode_prompt sends exactly one.
