@@ -5,7 +5,9 @@
 //! lane `l` walks the row's 32-element chunks `l, l + lanes, ...`, decodes each into registers
 //! with the type's [`BlockDecode`] and accumulates one f32 partial per activation row. Partials
 //! are reduced with a plane (subgroup) sum when `plane` is set (then `lanes` must be the device's
-//! plane width) or through workgroup shared memory otherwise.
+//! plane width) or through workgroup shared memory otherwise. With `lanes == 1` each unit owns a
+//! row and no reduction is needed: on CPU-emulated devices (lavapipe) neighbouring units then read
+//! the same activations, which become uniform loads instead of gathers.
 use crate::formats::{BlockDecode, CHUNK_ELEMS};
 use cubecl::prelude::*;
 
@@ -59,7 +61,15 @@ pub fn gemv<F: BlockDecode>(
         c += lanes;
     }
 
-    if comptime!(plane) {
+    if comptime!(lanes == 1) {
+        // One unit per row: the partial is the row's sum.
+        if row < rows {
+            #[unroll]
+            for r in 0..m {
+                y[(r * rows + row) as usize] = acc[r as usize];
+            }
+        }
+    } else if comptime!(plane) {
         #[unroll]
         for r in 0..m {
             let total = plane_sum(acc[r as usize]);
@@ -68,28 +78,27 @@ pub fn gemv<F: BlockDecode>(
             }
         }
     } else {
-        let mut smem = Shared::<[f32]>::new_slice(comptime!((lanes * rows_per_cube) as usize));
+        // One barrier: every lane stores its m partials, then lane 0 of each row adds them up
+        // (fewer barriers than a tree reduction, which matters on lavapipe where a barrier
+        // splits the shader).
+        let mut smem = Shared::<[f32]>::new_slice(comptime!((m * lanes * rows_per_cube) as usize));
         let base = UNIT_POS_Y * lanes;
+        let stride = comptime!(lanes * rows_per_cube);
         #[unroll]
         for r in 0..m {
-            smem[(base + lane) as usize] = acc[r as usize];
-            sync_cube();
-            // Start from the runtime CUBE_DIM_X: a comptime value mutated in a runtime loop
-            // fails IR verification.
-            let mut s = CUBE_DIM_X / 2;
-            while s > 0 {
-                if lane < s {
-                    let a = smem[(base + lane) as usize];
-                    let b = smem[(base + lane + s) as usize];
-                    smem[(base + lane) as usize] = a + b;
+            smem[(r * stride + base + lane) as usize] = acc[r as usize];
+        }
+        sync_cube();
+        if lane == 0 && row < rows {
+            #[unroll]
+            for r in 0..m {
+                let mut total = 0.0f32;
+                #[unroll]
+                for l in 0..lanes {
+                    total += smem[(r * stride + base + l) as usize];
                 }
-                sync_cube();
-                s /= 2;
+                y[(r * rows + row) as usize] = total;
             }
-            if lane == 0 && row < rows {
-                y[(r * rows + row) as usize] = smem[base as usize];
-            }
-            sync_cube();
         }
     }
 }

@@ -120,8 +120,9 @@ pub struct GemvConfig {
 }
 
 impl GemvConfig {
-    /// The variant for this device: plane reduction with one plane per row where the device
-    /// has plane ops and a fixed plane width, shared-memory reduction with 8 lanes otherwise.
+    /// The variant for this device: a plane per row with a plane reduction where the device has
+    /// plane ops and a fixed plane width; otherwise 8 lanes per row with a shared-memory
+    /// reduction (also the faster one on lavapipe, where one unit per row is 2.5x slower).
     pub fn for_client(client: &Client) -> Self {
         let props = client.properties();
         let hw = &props.hardware;
@@ -134,12 +135,37 @@ impl GemvConfig {
                 plane: true,
             }
         } else {
-            GemvConfig {
-                lanes: 8,
-                rows_per_cube: 8,
-                plane: false,
-            }
+            Self::SHARED
         }
+    }
+
+    /// One unit per row, 64 rows per cube.
+    pub const ROW_PER_UNIT: GemvConfig = GemvConfig {
+        lanes: 1,
+        rows_per_cube: 64,
+        plane: false,
+    };
+    /// 8 lanes per row reduced in shared memory, 8 rows per cube.
+    pub const SHARED: GemvConfig = GemvConfig {
+        lanes: 8,
+        rows_per_cube: 8,
+        plane: false,
+    };
+
+    /// The variants `device` can run: [`Self::ROW_PER_UNIT`], [`Self::SHARED`], and the plane
+    /// variant where the device has plane ops with a fixed width.
+    pub fn variants(client: &Client) -> Vec<GemvConfig> {
+        let mut v = vec![Self::ROW_PER_UNIT, Self::SHARED];
+        let hw = &client.properties().hardware;
+        if client.features().plane.contains(Plane::Ops) && hw.plane_size_min == hw.plane_size_max {
+            let lanes = hw.plane_size_max;
+            v.push(GemvConfig {
+                lanes,
+                rows_per_cube: (256 / lanes).clamp(1, 8),
+                plane: true,
+            });
+        }
+        v
     }
 }
 

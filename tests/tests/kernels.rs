@@ -201,3 +201,60 @@ fn tensor_over_128_mib_is_split_by_rows() {
     }
     assert!(t.gather_rows(&[rows as u32]).is_err());
 }
+
+/// Every GEMV variant this device can run (one unit per row, shared-memory reduction, plane
+/// reduction), launched directly, for every kernel type and 1..=8 activation rows.
+#[test]
+fn every_gemv_variant_matches_the_codec() {
+    use cubecl::prelude::*;
+    let device = burn_gguf::default_device();
+    let client = burn_gguf::cube_client(&device).expect("a CubeCL device");
+    let cases = [
+        (GgmlType::F32, read_fixture("dequant/source_f32.bin")),
+        (GgmlType::F16, fixture("F16")),
+        (GgmlType::BF16, fixture("BF16")),
+        (GgmlType::Q8_0, fixture("Q8_0")),
+        (GgmlType::Q5_0, fixture("Q5_0")),
+        (GgmlType::Q4_K, fixture("Q4_K")),
+        (GgmlType::Q6_K, fixture("Q6_K")),
+    ];
+    let (rows, cols) = (61, 512);
+    for (ty, bytes) in &cases {
+        let bytes = &bytes[..rows * ty.row_bytes(cols as u64).unwrap() as usize];
+        let reference = ggml_codec::dequantize_to_vec(*ty, bytes, rows * cols).unwrap();
+        let words = ggml_kernels::words_for_bytes(bytes);
+        let w = client.create_from_slice(u32::as_bytes(&words));
+        for config in ggml_kernels::GemvConfig::variants(&client) {
+            for m in [1usize, 3, 8] {
+                let x = rand_vec(m * cols, m as u64);
+                let xh = client.create_from_slice(f32::as_bytes(&x));
+                let yh = client.empty(m * rows * 4);
+                // SAFETY: the lengths are those of the buffers just created.
+                let (wa, xa, ya) = unsafe {
+                    (
+                        BufferArg::from_raw_parts(w.clone(), words.len()),
+                        BufferArg::from_raw_parts(xh, m * cols),
+                        BufferArg::from_raw_parts(yh.clone(), m * rows),
+                    )
+                };
+                ggml_kernels::launch_gemv(&client, *ty, wa, xa, ya, rows, cols, config).unwrap();
+                let y = f32::from_bytes(&client.read_one(yh).expect("read-back")).to_vec();
+                for r in 0..m {
+                    for n in 0..rows {
+                        let (mut dot, mut mag) = (0f64, 0f64);
+                        for k in 0..cols {
+                            let p = reference[n * cols + k] as f64 * x[r * cols + k] as f64;
+                            dot += p;
+                            mag += p.abs();
+                        }
+                        let got = y[r * rows + n] as f64;
+                        assert!(
+                            (got - dot).abs() <= TOL * mag.max(1e-30),
+                            "{ty} {config:?} m={m} y[{r},{n}] = {got}, reference {dot}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
