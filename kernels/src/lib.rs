@@ -186,7 +186,7 @@ fn shape_err(op: &'static str, reason: String) -> KernelError {
 /// Checks that `cols` is a whole number of kernel blocks and returns the bytes of one row.
 fn row_bytes(op: &'static str, ty: GgmlType, cols: usize) -> Result<usize, KernelError> {
     let be = kernel_block_elems(ty).ok_or(KernelError::Unsupported(ty))?;
-    if cols == 0 || cols % be != 0 {
+    if cols == 0 || !cols.is_multiple_of(be) {
         return Err(shape_err(
             op,
             format!("row length {cols} is not a positive multiple of {be} for {ty}"),

@@ -92,9 +92,9 @@ impl Gemma3Config {
             && cfg.n_layers <= 1024
             && cfg.n_head > 0
             && cfg.n_head_kv > 0
-            && cfg.n_head % cfg.n_head_kv == 0
+            && cfg.n_head.is_multiple_of(cfg.n_head_kv)
             && cfg.head_dim > 0
-            && cfg.head_dim % 2 == 0
+            && cfg.head_dim.is_multiple_of(2)
             && cfg.sliding_window > 0;
         if !ok {
             return Err(Error::Model(format!(
@@ -106,7 +106,7 @@ impl Gemma3Config {
 
     /// Whether layer `il` uses the sliding window (llama.cpp: `(il + 1) % 6 != 0`).
     pub fn is_local(&self, il: usize) -> bool {
-        (il + 1) % self.swa_pattern != 0
+        !(il + 1).is_multiple_of(self.swa_pattern)
     }
 }
 

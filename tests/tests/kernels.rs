@@ -18,6 +18,36 @@ fn to_vec(t: Tensor<2>) -> Vec<f32> {
         .expect("f32 data")
 }
 
+/// Asserts `y` `[m, rows]` equals `x W^T` computed in f64 from `row(n)`, the codec's
+/// dequantization of weight row `n`, within [`TOL`] of each dot's magnitude.
+fn assert_gemv(
+    label: &str,
+    row: impl Fn(usize) -> Vec<f32>,
+    x: &[f32],
+    y: &[f32],
+    m: usize,
+    rows: usize,
+    cols: usize,
+) {
+    assert_eq!(y.len(), m * rows, "{label}: output length");
+    for n in 0..rows {
+        let w = row(n);
+        for r in 0..m {
+            let (mut dot, mut mag) = (0f64, 0f64);
+            for (wk, xk) in w.iter().zip(&x[r * cols..(r + 1) * cols]) {
+                let p = *wk as f64 * *xk as f64;
+                dot += p;
+                mag += p.abs();
+            }
+            let got = y[r * rows + n] as f64;
+            assert!(
+                (got - dot).abs() <= TOL * mag.max(1e-30),
+                "{label} m={m} y[{r},{n}] = {got}, f64 reference {dot} (|w||x| = {mag})"
+            );
+        }
+    }
+}
+
 /// Checks dequantize and GEMV (m = 1, 2, 5, 8 fused; 11 through prefill) of `bytes` viewed as
 /// `[rows, cols]` of `ty`.
 fn check(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) {
@@ -41,22 +71,8 @@ fn check(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) {
         let x = rand_vec(m * cols, 100 + seed as u64);
         let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, cols]), &device);
         let y = to_vec(t.matmul_t(xt));
-        assert_eq!(y.len(), m * rows);
-        for r in 0..m {
-            for n in 0..rows {
-                let (mut dot, mut mag) = (0f64, 0f64);
-                for k in 0..cols {
-                    let p = reference[n * cols + k] as f64 * x[r * cols + k] as f64;
-                    dot += p;
-                    mag += p.abs();
-                }
-                let got = y[r * rows + n] as f64;
-                assert!(
-                    (got - dot).abs() <= TOL * mag.max(1e-30),
-                    "{ty} [{rows}x{cols}] m={m} y[{r},{n}] = {got}, f64 reference {dot} (|w||x| = {mag})"
-                );
-            }
-        }
+        let row = |n: usize| reference[n * cols..(n + 1) * cols].to_vec();
+        assert_gemv(&format!("{ty} [{rows}x{cols}]"), row, &x, &y, m, rows, cols);
     }
 }
 
@@ -170,23 +186,7 @@ fn tensor_over_128_mib_is_split_by_rows() {
     let x = rand_vec(m * cols, 7);
     let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, cols]), &device);
     let y = to_vec(t.matmul_t(xt));
-    assert_eq!(y.len(), m * rows);
-    for n in 0..rows {
-        let w = row(n);
-        for r in 0..m {
-            let (mut dot, mut mag) = (0f64, 0f64);
-            for k in 0..cols {
-                let p = w[k] as f64 * x[r * cols + k] as f64;
-                dot += p;
-                mag += p.abs();
-            }
-            let got = y[r * rows + n] as f64;
-            assert!(
-                (got - dot).abs() <= TOL * mag,
-                "token_embd y[{r},{n}] = {got}, reference {dot}"
-            );
-        }
-    }
+    assert_gemv("token_embd", row, &x, &y, m, rows, cols);
 
     // Lookups on both sides of every part boundary, and the last row.
     let split = (((128u64 << 20) - 8) / row_bytes as u64) as u32;
@@ -239,21 +239,8 @@ fn every_gemv_variant_matches_the_codec() {
                 };
                 ggml_kernels::launch_gemv(&client, *ty, wa, xa, ya, rows, cols, config).unwrap();
                 let y = f32::from_bytes(&client.read_one(yh).expect("read-back")).to_vec();
-                for r in 0..m {
-                    for n in 0..rows {
-                        let (mut dot, mut mag) = (0f64, 0f64);
-                        for k in 0..cols {
-                            let p = reference[n * cols + k] as f64 * x[r * cols + k] as f64;
-                            dot += p;
-                            mag += p.abs();
-                        }
-                        let got = y[r * rows + n] as f64;
-                        assert!(
-                            (got - dot).abs() <= TOL * mag.max(1e-30),
-                            "{ty} {config:?} m={m} y[{r},{n}] = {got}, reference {dot}"
-                        );
-                    }
-                }
+                let row = |n: usize| reference[n * cols..(n + 1) * cols].to_vec();
+                assert_gemv(&format!("{ty} {config:?}"), row, &x, &y, m, rows, cols);
             }
         }
     }

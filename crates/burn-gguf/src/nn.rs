@@ -5,6 +5,8 @@ use burn::tensor::Tensor;
 
 /// A weight `[out, in]` (Burn order; ggml `ne = [in, out]`): packed blocks on the device, or a
 /// dense f32 tensor when the loader fell back to dequantization.
+// A Burn tensor is larger than a GgmlTensor; weights are few and long-lived, so no boxing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Weight {
     /// Raw ggml blocks, decoded in the kernels.
