@@ -45,6 +45,17 @@ pub fn cube_client(device: &Device) -> Option<cubecl::client::Client> {
     }
 }
 
+/// Largest single buffer the device takes, in bytes (its storage buffer binding limit, 128 MiB
+/// on lavapipe), or `None` for a device that is not a CubeCL one.
+pub fn max_buffer_bytes(device: &Device) -> Option<u64> {
+    /// Used when a device states no limit.
+    const DEFAULT: u64 = 128 << 20;
+    cube_client(device).map(|c| match c.properties().memory.max_page_size {
+        0 => DEFAULT,
+        n => n,
+    })
+}
+
 /// The default wgpu device (`DefaultDevice`: the first adapter wgpu finds; lavapipe here).
 pub fn default_device() -> Device {
     Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)

@@ -72,9 +72,31 @@ impl fmt::Display for LoadReport {
             self.packed_count(),
             deq
         )?;
+        // One line per reason, naming the first few tensors.
+        let mut reasons: Vec<(&str, Vec<&LoadEntry>)> = Vec::new();
         for e in self.dequantized() {
             if let LoadKind::Dequantized(why) = &e.kind {
-                write!(f, "\n  {} ({}): {}", e.name, e.ggml_type, why)?;
+                match reasons.iter_mut().find(|(r, _)| r == why) {
+                    Some((_, v)) => v.push(e),
+                    None => reasons.push((why, vec![e])),
+                }
+            }
+        }
+        for (why, entries) in reasons {
+            let names: Vec<String> = entries
+                .iter()
+                .take(4)
+                .map(|e| format!("{} ({})", e.name, e.ggml_type))
+                .collect();
+            let more = entries.len().saturating_sub(names.len());
+            write!(
+                f,
+                "\n  {} dequantized because {why}: {}",
+                entries.len(),
+                names.join(", ")
+            )?;
+            if more > 0 {
+                write!(f, " and {more} more")?;
             }
         }
         Ok(())
@@ -133,7 +155,9 @@ impl<'a> GgufLoader<'a> {
     }
 
     fn record(&self, info: &TensorInfo, kind: LoadKind) {
-        if let LoadKind::Dequantized(why) = &kind {
+        if let LoadKind::Dequantized(why) = &kind
+            && !self.config.dequantize
+        {
             tracing::warn!(tensor = %info.name, ggml_type = %info.ggml_type, "dequantized at load: {why}");
         }
         self.report
@@ -151,11 +175,23 @@ impl<'a> GgufLoader<'a> {
         }
     }
 
+    /// The tensor dequantized on the CPU. A dense tensor lives in one device buffer, so one larger
+    /// than the device's largest buffer is an error here rather than a failed allocation later.
     fn dense_values(&self, info: &TensorInfo) -> Result<Vec<f32>, Error> {
         let n = usize::try_from(info.n_elements()).map_err(|_| Error::Tensor {
             name: info.name.clone(),
             reason: "too many elements".into(),
         })?;
+        let bytes = info.n_elements().saturating_mul(size_of::<f32>() as u64);
+        if let Some(max) = crate::max_buffer_bytes(&self.device).filter(|&max| bytes > max) {
+            return Err(Error::Tensor {
+                name: info.name.clone(),
+                reason: format!(
+                    "dequantized it takes {bytes} bytes of f32, more than the device's largest \
+                     buffer ({max} bytes); dense fallback of a tensor this large is not supported"
+                ),
+            });
+        }
         ggml_codec::dequantize_to_vec(info.ggml_type, self.file.tensor_data(info), n).map_err(|e| {
             Error::Tensor {
                 name: info.name.clone(),

@@ -1,6 +1,6 @@
 //! [`GgmlTensor`]: a 2-D ggml-quant tensor whose blocks live on the device unchanged.
+use crate::Error;
 use crate::ops::GgmlOps;
-use crate::{Error, cube_client};
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use ggml_kernels::{MAX_GEMV_ROWS, kernel_block_elems, words_for_bytes, words_len};
@@ -9,10 +9,6 @@ use gguf::GgmlType;
 /// Largest f32 scratch one prefill chunk dequantizes (bytes), so a weight is never dequantized
 /// whole.
 pub const PREFILL_SCRATCH_BYTES: usize = 64 << 20;
-
-/// Largest single device buffer used when the device states none (lavapipe's storage buffer
-/// binding limit).
-const DEFAULT_MAX_BUFFER: u64 = 128 << 20;
 
 /// One row range of a [`GgmlTensor`], held in its own device buffer.
 #[derive(Clone, Debug)]
@@ -51,15 +47,16 @@ impl GgmlTensor {
         device: &Device,
     ) -> Result<Self, Error> {
         let [rows, cols] = shape;
-        let client = cube_client(device).ok_or_else(|| Error::Unsupported {
+        let max_buffer = crate::max_buffer_bytes(device).ok_or_else(|| Error::Unsupported {
             ggml_type,
             reason: "the device is not a CubeCL device".into(),
         })?;
+        let max_buffer = max_buffer.min(u32::MAX as u64) as usize;
         let be = kernel_block_elems(ggml_type).ok_or_else(|| Error::Unsupported {
             ggml_type,
             reason: "no kernel decodes this type".into(),
         })?;
-        if cols == 0 || rows == 0 || cols % be != 0 {
+        if cols == 0 || rows == 0 || !cols.is_multiple_of(be) {
             return Err(Error::Shape(format!(
                 "{ggml_type} tensor [{rows}, {cols}]: row length is not a positive multiple of {be}"
             )));
@@ -73,11 +70,6 @@ impl GgmlTensor {
                 bytes.len()
             )));
         }
-        let max_buffer = match client.properties().memory.max_page_size {
-            0 => DEFAULT_MAX_BUFFER,
-            n => n,
-        }
-        .min(u32::MAX as u64) as usize;
         let rows_per_part = (max_buffer - 8) / row_bytes;
         if rows_per_part == 0 {
             return Err(Error::Shape(format!(

@@ -1,0 +1,90 @@
+//! The loader: packed where a kernel fits, dequantized (and reported) where none does, with the
+//! same results either way; a dense fallback too large for one device buffer is an error at load.
+use burn::tensor::{Tensor, TensorData};
+use burn_gguf::{GgufConfig, GgufLoader, LoadKind};
+use burn_gguf_tests::rand_vec;
+use gguf::{GgmlType, GgufFile, GgufWriter};
+
+/// A file with one Q8_0 and one Q4_0 weight of `[rows, cols]` (Burn order) from the same values.
+fn file(rows: usize, cols: usize) -> (GgufFile, Vec<f32>) {
+    let values = rand_vec(rows * cols, 9);
+    let mut w = GgufWriter::new();
+    let ne = [cols as u64, rows as u64];
+    w.add_tensor(
+        "q8",
+        GgmlType::Q8_0,
+        &ne,
+        &ggml_codec::quantize_q8_0(&values),
+    )
+    .unwrap();
+    w.add_tensor(
+        "q4",
+        GgmlType::Q4_0,
+        &ne,
+        &ggml_codec::quantize_q4_0(&values),
+    )
+    .unwrap();
+    (GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap(), values)
+}
+
+fn y(loader: &GgufLoader, name: &str, x: &Tensor<2>) -> Vec<f32> {
+    let lin = loader.linear(name).unwrap();
+    lin.forward(x.clone())
+        .try_into_data()
+        .unwrap()
+        .try_to_vec::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn fallback_is_reported_and_agrees_with_the_packed_path() {
+    let (rows, cols) = (40, 96);
+    let (file, _) = file(rows, cols);
+    let device = burn_gguf::default_device();
+    let x = Tensor::<2>::from_data(TensorData::new(rand_vec(3 * cols, 4), [3, cols]), &device);
+
+    for ty_name in ["q8", "q4"] {
+        let packed = GgufLoader::new(&file, &device, GgufConfig::default());
+        let forced = GgufLoader::new(&file, &device, GgufConfig { dequantize: true });
+        let a = y(&packed, ty_name, &x);
+        let b = y(&forced, ty_name, &x);
+        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (p - q).abs() <= 1e-4 * (1.0 + q.abs()),
+                "{ty_name} [{i}]: packed {p}, dense {q}"
+            );
+        }
+        let kind = &packed.report().entries[0].kind;
+        let has_kernel = ggml_kernels::supports(file.tensor(ty_name).unwrap().ggml_type);
+        assert_eq!(*kind == LoadKind::Packed, has_kernel, "{ty_name}: {kind:?}");
+        if !has_kernel {
+            assert!(
+                matches!(kind, LoadKind::Dequantized(why) if why.contains("no kernel")),
+                "{kind:?}"
+            );
+        }
+        assert!(
+            matches!(&forced.report().entries[0].kind, LoadKind::Dequantized(why) if why.contains("dequantize"))
+        );
+    }
+}
+
+#[test]
+fn dense_fallback_larger_than_a_device_buffer_is_an_error() {
+    let device = burn_gguf::default_device();
+    let max = burn_gguf::max_buffer_bytes(&device).expect("a CubeCL device");
+    // One Q8_0 row of 4096 values dequantizes to 16 KiB: just enough rows to pass the limit.
+    let cols = 4096;
+    let rows = (max as usize / (cols * 4)) + 1;
+    let mut w = GgufWriter::new();
+    let bytes = vec![0u8; rows * GgmlType::Q8_0.row_bytes(cols as u64).unwrap() as usize];
+    w.add_tensor("big", GgmlType::Q8_0, &[cols as u64, rows as u64], &bytes)
+        .unwrap();
+    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let loader = GgufLoader::new(&file, &device, GgufConfig { dequantize: true });
+    let err = loader.linear("big").unwrap_err().to_string();
+    assert!(
+        err.contains("'big'") && err.contains("largest buffer"),
+        "{err}"
+    );
+}
