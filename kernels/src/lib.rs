@@ -17,7 +17,7 @@ pub mod words;
 use cubecl::client::Client;
 use cubecl::features::Plane;
 use cubecl::prelude::*;
-use formats::{BF16, BlockFormat, F16, F32, Q4K, Q5_0, Q6K, Q8_0};
+use formats::{BF16, BlockFormat, F16, F32, Q2K, Q3K, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
 use gguf::GgmlType;
 
 /// Runs `$body` with `$F` bound to the decoder type of `$ty`, or evaluates `$none`.
@@ -38,6 +38,30 @@ macro_rules! with_format {
             }
             GgmlType::Q8_0 => {
                 type $F = Q8_0;
+                $body
+            }
+            GgmlType::Q4_0 => {
+                type $F = Q4_0;
+                $body
+            }
+            GgmlType::Q4_1 => {
+                type $F = Q4_1;
+                $body
+            }
+            GgmlType::Q5_1 => {
+                type $F = Q5_1;
+                $body
+            }
+            GgmlType::Q2_K => {
+                type $F = Q2K;
+                $body
+            }
+            GgmlType::Q3_K => {
+                type $F = Q3K;
+                $body
+            }
+            GgmlType::Q5_K => {
+                type $F = Q5K;
                 $body
             }
             GgmlType::Q5_0 => {
@@ -73,16 +97,7 @@ pub enum KernelError {
 
 /// Whether a kernel decoder exists for `ty`.
 pub fn supports(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::F32
-            | GgmlType::F16
-            | GgmlType::BF16
-            | GgmlType::Q8_0
-            | GgmlType::Q5_0
-            | GgmlType::Q4_K
-            | GgmlType::Q6_K
-    )
+    kernel_block_elems(ty).is_some()
 }
 
 /// Elements per block as the kernels read them (32-element pseudo-blocks for F32/F16/BF16):

@@ -106,6 +106,36 @@ fn bf16_kernels() {
 }
 
 #[test]
+fn q4_0_kernels() {
+    check_fixture(GgmlType::Q4_0, &fixture("Q4_0"));
+}
+
+#[test]
+fn q4_1_kernels() {
+    check_fixture(GgmlType::Q4_1, &fixture("Q4_1"));
+}
+
+#[test]
+fn q5_1_kernels() {
+    check_fixture(GgmlType::Q5_1, &fixture("Q5_1"));
+}
+
+#[test]
+fn q2_k_kernels() {
+    check_fixture(GgmlType::Q2_K, &fixture("Q2_K"));
+}
+
+#[test]
+fn q3_k_kernels() {
+    check_fixture(GgmlType::Q3_K, &fixture("Q3_K"));
+}
+
+#[test]
+fn q5_k_kernels() {
+    check_fixture(GgmlType::Q5_K, &fixture("Q5_K"));
+}
+
+#[test]
 fn q8_0_kernels() {
     check_fixture(GgmlType::Q8_0, &fixture("Q8_0"));
     check(GgmlType::Q8_0, &fixture("gemma_token_embd_Q8_0"), 24, 640);
@@ -209,15 +239,16 @@ fn every_gemv_variant_matches_the_codec() {
     use cubecl::prelude::*;
     let device = burn_gguf::default_device();
     let client = burn_gguf::cube_client(&device).expect("a CubeCL device");
-    let cases = [
-        (GgmlType::F32, read_fixture("dequant/source_f32.bin")),
-        (GgmlType::F16, fixture("F16")),
-        (GgmlType::BF16, fixture("BF16")),
-        (GgmlType::Q8_0, fixture("Q8_0")),
-        (GgmlType::Q5_0, fixture("Q5_0")),
-        (GgmlType::Q4_K, fixture("Q4_K")),
-        (GgmlType::Q6_K, fixture("Q6_K")),
-    ];
+    // Every type with a kernel, on llama.cpp's fixture blocks.
+    let cases: Vec<(GgmlType, Vec<u8>)> = GgmlType::all()
+        .iter()
+        .filter(|ty| ggml_kernels::supports(**ty))
+        .map(|&ty| match ty {
+            GgmlType::F32 => (ty, read_fixture("dequant/source_f32.bin")),
+            _ => (ty, fixture(ty.name())),
+        })
+        .collect();
+    assert!(cases.len() >= 13);
     let (rows, cols) = (61, 512);
     for (ty, bytes) in &cases {
         let bytes = &bytes[..rows * ty.row_bytes(cols as u64).unwrap() as usize];

@@ -487,3 +487,323 @@ impl GgmlBlock for BlockQ6K {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Scale conversions and sign helpers shared by the types below (ggml-impl.h, ggml-quants.c).
+// ---------------------------------------------------------------------------------------------
+
+/// `2^n` as an f32, exactly, for `n` in the normal range `-126..=127`.
+#[inline]
+fn exp2i(n: i32) -> f32 {
+    debug_assert!((-126..=127).contains(&n));
+    f32::from_bits(((n + 127) as u32) << 23)
+}
+
+/// Decodes an E8M0 scale to half its value, `2^(x - 128)`, exactly like ggml's
+/// `GGML_E8M0_TO_FP32_HALF` (ggml-impl.h `ggml_e8m0_to_fp32_half`): `x < 2` gives the subnormals
+/// `2^-128` / `2^-127`, and `x = 255` gives `2^127` (ggml does not treat it as NaN). The halving
+/// matches the doubled E2M1 values of [`kvalues_mxfp4`](crate::grids::kvalues_mxfp4).
+#[inline]
+pub fn e8m0_to_fp32_half(x: u8) -> f32 {
+    let bits = if x < 2 {
+        0x0020_0000u32 << x
+    } else {
+        u32::from(x - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// Decodes an NVFP4 UE4M3 scale (unsigned, 4 exponent bits with bias 7, 3 mantissa bits) to half
+/// its value, exactly like ggml's `ggml_ue4m3_to_fp32` (ggml-impl.h): `0` and `0x7F` give 0,
+/// exponent 0 is subnormal (`man * 2^-9`), otherwise `(1 + man / 8) * 2^(exp - 7)`; the result is
+/// halved to match the doubled E2M1 values. Bit 7 is ignored. All steps are exact in f32.
+#[inline]
+pub fn ue4m3_to_fp32(x: u8) -> f32 {
+    if x == 0 || x == 0x7F {
+        return 0.0;
+    }
+    let exp = i32::from((x >> 3) & 0xF);
+    let man = f32::from(x & 0x7);
+    let raw = if exp == 0 {
+        man * exp2i(-9)
+    } else {
+        (1.0 + man / 8.0) * exp2i(exp - 7)
+    };
+    raw * 0.5
+}
+
+/// `-1.0` if bit `j` of `signs` is set, else `1.0` (ggml's `signs & kmask_iq2xs[j] ? -1.f : 1.f`).
+#[inline]
+fn sign(signs: u8, j: usize) -> f32 {
+    if signs & kmask_iq2xs[j] != 0 { -1.0 } else { 1.0 }
+}
+
+/// The little-endian u16 at index `i` of a byte array holding `uint16_t` values.
+#[inline]
+fn u16_at(bytes: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])
+}
+
+/// The little-endian u32 at byte offset `o`.
+#[inline]
+fn u32_at(bytes: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]])
+}
+
+/// One ternary digit of a TQ1_0 byte: ggml's `((uint16_t)(uint8_t)(q * 3^n) * 3) >> 8`, in 0..3.
+#[inline]
+fn tq1_trit(q: u8, pow3: u8) -> i16 {
+    ((u16::from(q.wrapping_mul(pow3)) * 3) >> 8) as i16
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ternary types (BitNet b1.58 / TriLM).
+// ---------------------------------------------------------------------------------------------
+
+/// `block_tq1_0` (ggml-common.h): 256 ternary values `x = d * (t - 1)`, `t` in {0, 1, 2}, 1.6875
+/// bits per value.
+///
+/// `qs` packs 5 trits per byte as a base-3 fixed-point fraction (the byte is
+/// `ceil(t0t1t2t3t4 (base 3) * 256 / 243)`; trit `n` is `(uint8)(byte * 3^n) * 3 >> 8`): bytes
+/// 0..32 hold values `32n + m` (trit `n` of byte `m`), bytes 32..48 hold values `160 + 16n + m`.
+/// `qh` packs 4 trits per byte the same way: value `240 + 4n + j`... precisely value
+/// `240 + 4 * n + j` is trit `n` of `qh[j]` — ggml writes them `n`-major: value `240 + 4n + j`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockTQ1_0 {
+    /// 5 trits per byte.
+    pub qs: [u8; 48],
+    /// 4 trits per byte.
+    pub qh: [u8; 4],
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+}
+size_check!(BlockTQ1_0, 54);
+
+impl GgmlBlock for BlockTQ1_0 {
+    const TYPE: GgmlType = GgmlType::TQ1_0;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        const POW3: [u8; 6] = [1, 3, 9, 27, 81, 243];
+        let d = fp16_to_f32(self.d);
+        let mut y = 0;
+        for (chunk, width) in [(&self.qs[..32], 32), (&self.qs[32..], 16)] {
+            for &p in &POW3[..5] {
+                for &q in &chunk[..width] {
+                    out[y] = (tq1_trit(q, p) - 1) as f32 * d;
+                    y += 1;
+                }
+            }
+        }
+        for &p in &POW3[..4] {
+            for &q in &self.qh {
+                out[y] = (tq1_trit(q, p) - 1) as f32 * d;
+                y += 1;
+            }
+        }
+    }
+}
+
+/// `block_tq2_0` (ggml-common.h): 256 ternary values `x = d * (q - 1)` with 2-bit `q`.
+///
+/// Bit planes over 32-byte chunks (case C11): value `n` is bits `2 * ((n % 128) / 32)` .. `+2` of
+/// byte `32 * (n / 128) + n % 32`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockTQ2_0 {
+    /// 2-bit quants, 4 planes per 32-byte chunk.
+    pub qs: [u8; 64],
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+}
+size_check!(BlockTQ2_0, 66);
+
+impl GgmlBlock for BlockTQ2_0 {
+    const TYPE: GgmlType = GgmlType::TQ2_0;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        let mut y = 0;
+        for chunk in self.qs.chunks_exact(32) {
+            for l in 0..4 {
+                for &b in chunk {
+                    let q = ((b >> (2 * l)) & 3) as i8;
+                    out[y] = (q - 1) as f32 * d;
+                    y += 1;
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1- and 2-bit ggml-only types (ggml type ids 41 and 42).
+// ---------------------------------------------------------------------------------------------
+
+/// `block_q1_0` (ggml-common.h, ggml type id 41): 128 values `x = bit ? d : -d`; value `j` is bit
+/// `j % 8` of `qs[j / 8]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ1_0 {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Sign bits (set = `+d`).
+    pub qs: [u8; 16],
+}
+size_check!(BlockQ1_0, 18);
+
+impl GgmlBlock for BlockQ1_0 {
+    const TYPE: GgmlType = GgmlType::Q1_0;
+    const BLOCK_SIZE: usize = 128;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        let neg_d = -d;
+        for (j, o) in out[..128].iter_mut().enumerate() {
+            *o = if (self.qs[j / 8] >> (j % 8)) & 1 != 0 { d } else { neg_d };
+        }
+    }
+}
+
+/// `block_q2_0` (ggml-common.h, ggml type id 42): 64 values `x = (q - 1) * d` with 2-bit `q`
+/// (`-d`, 0, `d`, `2d`); value `j` is bits `2 * (j % 4)` .. `+2` of `qs[j / 4]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockQ2_0 {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// 2-bit quants, 4 consecutive values per byte.
+    pub qs: [u8; 16],
+}
+size_check!(BlockQ2_0, 18);
+
+impl GgmlBlock for BlockQ2_0 {
+    const TYPE: GgmlType = GgmlType::Q2_0;
+    const BLOCK_SIZE: usize = 64;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        for (j, o) in out[..64].iter_mut().enumerate() {
+            let q = (self.qs[j / 4] >> (2 * (j % 4))) & 3;
+            *o = (i32::from(q) - 1) as f32 * d;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Non-linear 4-bit types: IQ4_NL, IQ4_XS, MXFP4, NVFP4.
+// ---------------------------------------------------------------------------------------------
+
+/// `block_iq4_nl` (ggml-common.h): 32 values `x = d * kvalues_iq4nl[q]` with 4-bit `q`, nibbles
+/// laid out as in Q4_0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockIQ4NL {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Nibbles (indices into [`kvalues_iq4nl`]).
+    pub qs: [u8; 16],
+}
+size_check!(BlockIQ4NL, 18);
+
+impl GgmlBlock for BlockIQ4NL {
+    const TYPE: GgmlType = GgmlType::IQ4_NL;
+    const BLOCK_SIZE: usize = 32;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        for j in 0..16 {
+            out[j] = d * f32::from(kvalues_iq4nl[(self.qs[j] & 0xF) as usize]);
+            out[j + 16] = d * f32::from(kvalues_iq4nl[(self.qs[j] >> 4) as usize]);
+        }
+    }
+}
+
+/// `block_iq4_xs` (ggml-common.h): 256 values in 8 sub-blocks of 32,
+/// `x = d * (ls - 32) * kvalues_iq4nl[q]`; the 6-bit `ls` of sub-block `ib` has its low 4 bits in
+/// nibble `ib % 2` of `scales_l[ib / 2]` and its top 2 bits in bits `2ib..2ib+2` of `scales_h`.
+/// Each sub-block's 16 `qs` bytes are laid out as in IQ4_NL.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockIQ4XS {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Top 2 bits of the 8 sub-block scales, a little-endian u16.
+    pub scales_h: [u8; 2],
+    /// Low 4 bits of the 8 sub-block scales.
+    pub scales_l: [u8; 4],
+    /// Nibbles (indices into [`kvalues_iq4nl`]).
+    pub qs: [u8; 128],
+}
+size_check!(BlockIQ4XS, 136);
+
+impl GgmlBlock for BlockIQ4XS {
+    const TYPE: GgmlType = GgmlType::IQ4_XS;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        let scales_h = u16::from_le_bytes(self.scales_h);
+        for ib in 0..8 {
+            let ls = i32::from((self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF)
+                | (i32::from((scales_h >> (2 * ib)) & 3) << 4);
+            let dl = d * (ls - 32) as f32;
+            let qs = &self.qs[16 * ib..16 * ib + 16];
+            let y = &mut out[32 * ib..32 * ib + 32];
+            for j in 0..16 {
+                y[j] = dl * f32::from(kvalues_iq4nl[(qs[j] & 0xF) as usize]);
+                y[j + 16] = dl * f32::from(kvalues_iq4nl[(qs[j] >> 4) as usize]);
+            }
+        }
+    }
+}
+
+/// `block_mxfp4` (ggml-common.h, OCP microscaling FP4): 32 values
+/// `x = kvalues_mxfp4[q] * 2^(e - 128)` (doubled E2M1 values times half the E8M0 scale, see
+/// [`e8m0_to_fp32_half`]), nibbles laid out as in Q4_0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockMXFP4 {
+    /// Shared scale, E8M0 (a biased power-of-two exponent).
+    pub e: u8,
+    /// E2M1 nibbles (indices into [`kvalues_mxfp4`]).
+    pub qs: [u8; 16],
+}
+size_check!(BlockMXFP4, 17);
+
+impl GgmlBlock for BlockMXFP4 {
+    const TYPE: GgmlType = GgmlType::MXFP4;
+    const BLOCK_SIZE: usize = 32;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = e8m0_to_fp32_half(self.e);
+        for j in 0..16 {
+            out[j] = f32::from(kvalues_mxfp4[(self.qs[j] & 0xF) as usize]) * d;
+            out[j + 16] = f32::from(kvalues_mxfp4[(self.qs[j] >> 4) as usize]) * d;
+        }
+    }
+}
+
+/// `block_nvfp4` (ggml-common.h, NVIDIA FP4): 64 values in 4 sub-blocks of 16, each with its own
+/// UE4M3 scale: `x = kvalues_mxfp4[q] * ue4m3_to_fp32(d[s])`. Sub-block `s` uses `qs[8s..8s+8]`:
+/// value `j < 8` is the low nibble of byte `j`, value `j + 8` its high nibble.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockNVFP4 {
+    /// Sub-block scales, UE4M3.
+    pub d: [u8; 4],
+    /// E2M1 nibbles (indices into [`kvalues_mxfp4`]).
+    pub qs: [u8; 32],
+}
+size_check!(BlockNVFP4, 36);
+
+impl GgmlBlock for BlockNVFP4 {
+    const TYPE: GgmlType = GgmlType::NVFP4;
+    const BLOCK_SIZE: usize = 64;
+    fn dequantize(&self, out: &mut [f32]) {
+        for s in 0..4 {
+            let d = ue4m3_to_fp32(self.d[s]);
+            let qs = &self.qs[8 * s..8 * s + 8];
+            let y = &mut out[16 * s..16 * s + 16];
+            for j in 0..8 {
+                y[j] = f32::from(kvalues_mxfp4[(qs[j] & 0xF) as usize]) * d;
+                y[j + 8] = f32::from(kvalues_mxfp4[(qs[j] >> 4) as usize]) * d;
+            }
+        }
+    }
+}
