@@ -1,4 +1,5 @@
 //! burn-gguf command line: run GGUF models on wgpu. The binary is `burn-gguf`; this library
-//! holds what other tools reuse (model download and cache: [`fetch`]; the `run` command: [`run`]).
+//! holds what other tools reuse (model download and cache: [`fetch`]; the `run` and `inspect` commands).
 pub mod fetch;
+pub mod inspect;
 pub mod run;

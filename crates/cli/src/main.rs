@@ -48,6 +48,17 @@ enum Command {
         #[arg(long)]
         dequantize: bool,
     },
+    /// Show a GGUF file: header, metadata, tensors, type histogram; or one tensor's values.
+    Inspect {
+        /// A GGUF file, or a known model name.
+        file: String,
+        /// Print this tensor's dequantized values, one per line, in Burn row-major order.
+        #[arg(long)]
+        tensor: Option<String>,
+        /// With --tensor: compute the values with the device kernels instead of the CPU codec.
+        #[arg(long, requires = "tensor")]
+        device: bool,
+    },
     /// Download a known model into the cache and print its path.
     Fetch {
         /// Model name: gemma3-270m.
@@ -93,6 +104,13 @@ fn main() -> ExitCode {
                 };
                 run(&path, &opts)
             }),
+        Command::Inspect {
+            file,
+            tensor,
+            device,
+        } => fetch::resolve_model(&file)
+            .map_err(|e| e.to_string())
+            .and_then(|path| burn_gguf_cli::inspect::run(&path, tensor.as_deref(), device)),
         Command::Fetch { name } => fetch::ensure_model(&name)
             .map(|p| println!("{}", p.display()))
             .map_err(|e| e.to_string()),

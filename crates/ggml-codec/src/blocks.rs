@@ -9,6 +9,11 @@
 use bytemuck::{Pod, Zeroable};
 use gguf::GgmlType;
 
+use crate::grids::{
+    iq1s_grid, iq2s_grid, iq2xs_grid, iq2xxs_grid, iq3s_grid, iq3xxs_grid, kmask_iq2xs,
+    ksigns_iq2xs, kvalues_iq4nl, kvalues_mxfp4,
+};
+
 /// Elements per k-quant super-block (`QK_K`).
 pub const QK_K: usize = 256;
 
@@ -502,7 +507,7 @@ fn exp2i(n: i32) -> f32 {
 /// Decodes an E8M0 scale to half its value, `2^(x - 128)`, exactly like ggml's
 /// `GGML_E8M0_TO_FP32_HALF` (ggml-impl.h `ggml_e8m0_to_fp32_half`): `x < 2` gives the subnormals
 /// `2^-128` / `2^-127`, and `x = 255` gives `2^127` (ggml does not treat it as NaN). The halving
-/// matches the doubled E2M1 values of [`kvalues_mxfp4`](crate::grids::kvalues_mxfp4).
+/// matches the doubled E2M1 values of [`kvalues_mxfp4`].
 #[inline]
 pub fn e8m0_to_fp32_half(x: u8) -> f32 {
     let bits = if x < 2 {
@@ -535,7 +540,11 @@ pub fn ue4m3_to_fp32(x: u8) -> f32 {
 /// `-1.0` if bit `j` of `signs` is set, else `1.0` (ggml's `signs & kmask_iq2xs[j] ? -1.f : 1.f`).
 #[inline]
 fn sign(signs: u8, j: usize) -> f32 {
-    if signs & kmask_iq2xs[j] != 0 { -1.0 } else { 1.0 }
+    if signs & kmask_iq2xs[j] != 0 {
+        -1.0
+    } else {
+        1.0
+    }
 }
 
 /// The little-endian u16 at index `i` of a byte array holding `uint16_t` values.
@@ -565,9 +574,9 @@ fn tq1_trit(q: u8, pow3: u8) -> i16 {
 ///
 /// `qs` packs 5 trits per byte as a base-3 fixed-point fraction (the byte is
 /// `ceil(t0t1t2t3t4 (base 3) * 256 / 243)`; trit `n` is `(uint8)(byte * 3^n) * 3 >> 8`): bytes
-/// 0..32 hold values `32n + m` (trit `n` of byte `m`), bytes 32..48 hold values `160 + 16n + m`.
-/// `qh` packs 4 trits per byte the same way: value `240 + 4n + j`... precisely value
-/// `240 + 4 * n + j` is trit `n` of `qh[j]` — ggml writes them `n`-major: value `240 + 4n + j`.
+/// 0..32 hold values `32n + m` (trit `n` of byte `m`), bytes 32..48 hold values `160 + 16n + m` (trit `n` of byte `32 + m`).
+/// `qh` packs 4 trits per byte the same way (trit 0 is the most significant): value `240 + 4n + j`
+/// is trit `n` of `qh[j]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct BlockTQ1_0 {
@@ -659,7 +668,11 @@ impl GgmlBlock for BlockQ1_0 {
         let d = fp16_to_f32(self.d);
         let neg_d = -d;
         for (j, o) in out[..128].iter_mut().enumerate() {
-            *o = if (self.qs[j / 8] >> (j % 8)) & 1 != 0 { d } else { neg_d };
+            *o = if (self.qs[j / 8] >> (j % 8)) & 1 != 0 {
+                d
+            } else {
+                neg_d
+            };
         }
     }
 }
@@ -803,6 +816,317 @@ impl GgmlBlock for BlockNVFP4 {
             for j in 0..8 {
                 y[j] = f32::from(kvalues_mxfp4[(qs[j] & 0xF) as usize]) * d;
                 y[j + 8] = f32::from(kvalues_mxfp4[(qs[j] >> 4) as usize]) * d;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Codebook (IQ) types: values come from the grids of `crate::grids`.
+// ---------------------------------------------------------------------------------------------
+
+/// `IQ1S_DELTA` / `IQ1M_DELTA` (ggml-common.h): the offset added to every IQ1 grid value.
+pub const IQ1S_DELTA: f32 = 0.125;
+
+/// `block_iq2_xxs` (ggml-common.h): 256 values in 8 sub-blocks of 32, 2.0625 bits per value.
+///
+/// Sub-block `ib` is the two little-endian u32 `a0, a1` at `qs[8ib..8ib+8]`: byte `l` of `a0`
+/// indexes [`iq2xxs_grid`] for values `8l..8l+8`, bits `7l..7l+7` of `a1` index [`ksigns_iq2xs`]
+/// for their signs, and `a1 >> 28` is the 4-bit scale: `x = d * (0.5 + s) * 0.25 * grid * sign`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockIQ2XXS {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// 32 little-endian `uint16_t` (read as 16 u32 pairs).
+    pub qs: [u8; 64],
+}
+size_check!(BlockIQ2XXS, 66);
+
+impl GgmlBlock for BlockIQ2XXS {
+    const TYPE: GgmlType = GgmlType::IQ2_XXS;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        for ib in 0..8 {
+            let aux0 = &self.qs[8 * ib..8 * ib + 4];
+            let aux1 = u32_at(&self.qs, 8 * ib + 4);
+            let db = d * (0.5 + (aux1 >> 28) as f32) * 0.25;
+            for l in 0..4 {
+                let grid = iq2xxs_grid[aux0[l] as usize].to_le_bytes();
+                let signs = ksigns_iq2xs[((aux1 >> (7 * l)) & 127) as usize];
+                let y = &mut out[32 * ib + 8 * l..32 * ib + 8 * l + 8];
+                for j in 0..8 {
+                    y[j] = db * f32::from(grid[j]) * sign(signs, j);
+                }
+            }
+        }
+    }
+}
+
+/// `block_iq2_xs` (ggml-common.h): 256 values in 8 sub-blocks of 32, 2.3125 bits per value.
+///
+/// Each little-endian u16 `qs[i]` covers 8 values: bits 0..9 index [`iq2xs_grid`], bits 9..16
+/// index [`ksigns_iq2xs`]. Sub-block `ib` has two 4-bit scales in `scales[ib]` (low nibble for its
+/// first 16 values): `x = d * (0.5 + s) * 0.25 * grid * sign`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockIQ2XS {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// 32 little-endian `uint16_t`: grid index and sign index.
+    pub qs: [u8; 64],
+    /// Two 4-bit scales per sub-block.
+    pub scales: [u8; 8],
+}
+size_check!(BlockIQ2XS, 74);
+
+impl GgmlBlock for BlockIQ2XS {
+    const TYPE: GgmlType = GgmlType::IQ2_XS;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        for ib in 0..8 {
+            let db = [
+                d * (0.5 + (self.scales[ib] & 0xF) as f32) * 0.25,
+                d * (0.5 + (self.scales[ib] >> 4) as f32) * 0.25,
+            ];
+            for l in 0..4 {
+                let q = u16_at(&self.qs, 4 * ib + l);
+                let grid = iq2xs_grid[(q & 511) as usize].to_le_bytes();
+                let signs = ksigns_iq2xs[(q >> 9) as usize];
+                let y = &mut out[32 * ib + 8 * l..32 * ib + 8 * l + 8];
+                for j in 0..8 {
+                    y[j] = db[l / 2] * f32::from(grid[j]) * sign(signs, j);
+                }
+            }
+        }
+    }
+}
+
+/// `block_iq2_s` (ggml-common.h): 256 values in 8 sub-blocks of 32, 2.5625 bits per value.
+///
+/// Group `l` (8 values) of sub-block `ib` indexes [`iq2s_grid`] with
+/// `qs[4ib + l] | ((qh[ib] >> 2l) & 3) << 8`, takes its 8 sign bits from `qs[32 + 4ib + l]`, and
+/// uses the scale in nibble `l / 2` of `scales[ib]`: `x = d * (0.5 + s) * 0.25 * grid * sign`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockIQ2S {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Low 8 bits of the grid indices (bytes 0..32), then the sign bytes (32..64).
+    pub qs: [u8; 64],
+    /// High 2 bits of the grid indices, 4 groups per byte.
+    pub qh: [u8; 8],
+    /// Two 4-bit scales per sub-block.
+    pub scales: [u8; 8],
+}
+size_check!(BlockIQ2S, 82);
+
+impl GgmlBlock for BlockIQ2S {
+    const TYPE: GgmlType = GgmlType::IQ2_S;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        let (qs, signs) = self.qs.split_at(32);
+        for ib in 0..8 {
+            let db = [
+                d * (0.5 + (self.scales[ib] & 0xF) as f32) * 0.25,
+                d * (0.5 + (self.scales[ib] >> 4) as f32) * 0.25,
+            ];
+            for l in 0..4 {
+                let dl = db[l / 2];
+                let idx = usize::from(qs[4 * ib + l])
+                    | ((usize::from(self.qh[ib]) << (8 - 2 * l)) & 0x300);
+                let grid = iq2s_grid[idx].to_le_bytes();
+                let s = signs[4 * ib + l];
+                let y = &mut out[32 * ib + 8 * l..32 * ib + 8 * l + 8];
+                for j in 0..8 {
+                    y[j] = dl * f32::from(grid[j]) * sign(s, j);
+                }
+            }
+        }
+    }
+}
+
+/// `block_iq3_xxs` (ggml-common.h): 256 values in 8 sub-blocks of 32, 3.0625 bits per value.
+///
+/// `qs[0..64]` index [`iq3xxs_grid`] (4 values each); `qs[64..96]` holds one little-endian u32
+/// per sub-block: bits `7l..7l+7` index [`ksigns_iq2xs`] for group `l` of 8 values and the top 4
+/// bits are the scale: `x = d * (0.5 + s) * 0.5 * grid * sign`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockIQ3XXS {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Grid indices (64 bytes), then scales and signs (8 little-endian u32).
+    pub qs: [u8; 96],
+}
+size_check!(BlockIQ3XXS, 98);
+
+impl GgmlBlock for BlockIQ3XXS {
+    const TYPE: GgmlType = GgmlType::IQ3_XXS;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        for ib in 0..8 {
+            let aux32 = u32_at(&self.qs, 64 + 4 * ib);
+            let db = d * (0.5 + (aux32 >> 28) as f32) * 0.5;
+            let qs = &self.qs[8 * ib..8 * ib + 8];
+            for l in 0..4 {
+                let signs = ksigns_iq2xs[((aux32 >> (7 * l)) & 127) as usize];
+                let grid1 = iq3xxs_grid[qs[2 * l] as usize].to_le_bytes();
+                let grid2 = iq3xxs_grid[qs[2 * l + 1] as usize].to_le_bytes();
+                let y = &mut out[32 * ib + 8 * l..32 * ib + 8 * l + 8];
+                for j in 0..4 {
+                    y[j] = db * f32::from(grid1[j]) * sign(signs, j);
+                    y[j + 4] = db * f32::from(grid2[j]) * sign(signs, j + 4);
+                }
+            }
+        }
+    }
+}
+
+/// `block_iq3_s` (ggml-common.h): 256 values in 8 sub-blocks of 32, 3.4375 bits per value.
+///
+/// Each `qs` byte plus one bit of `qh` (bit `k` of `qh[ib]` for the `k`-th index of sub-block
+/// `ib`) indexes [`iq3s_grid`] (4 values); `signs[4ib + l]` holds the 8 sign bits of group `l`;
+/// sub-blocks `2p` and `2p + 1` use the low and high nibble of `scales[p]`:
+/// `x = d * (1 + 2s) * grid * sign`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockIQ3S {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Low 8 bits of the grid indices.
+    pub qs: [u8; 64],
+    /// 9th bit of the grid indices, one byte per sub-block.
+    pub qh: [u8; 8],
+    /// Sign bits, one byte per 8 values.
+    pub signs: [u8; 32],
+    /// 4-bit scales, two sub-blocks per byte.
+    pub scales: [u8; 4],
+}
+size_check!(BlockIQ3S, 110);
+
+impl GgmlBlock for BlockIQ3S {
+    const TYPE: GgmlType = GgmlType::IQ3_S;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        for ib in 0..8 {
+            let sc = self.scales[ib / 2] >> (4 * (ib % 2));
+            let db = d * (1 + 2 * i32::from(sc & 0xF)) as f32;
+            let qs = &self.qs[8 * ib..8 * ib + 8];
+            let qh = usize::from(self.qh[ib]);
+            for l in 0..4 {
+                let grid1 = iq3s_grid[usize::from(qs[2 * l]) | ((qh << (8 - 2 * l)) & 256)];
+                let grid2 = iq3s_grid[usize::from(qs[2 * l + 1]) | ((qh << (7 - 2 * l)) & 256)];
+                let (grid1, grid2) = (grid1.to_le_bytes(), grid2.to_le_bytes());
+                let s = self.signs[4 * ib + l];
+                let y = &mut out[32 * ib + 8 * l..32 * ib + 8 * l + 8];
+                for j in 0..4 {
+                    y[j] = db * f32::from(grid1[j]) * sign(s, j);
+                    y[j + 4] = db * f32::from(grid2[j]) * sign(s, j + 4);
+                }
+            }
+        }
+    }
+}
+
+/// The 8 values of IQ1 grid entry `idx`, each plus `delta`, times `dl` (shared by IQ1_S, IQ1_M).
+#[inline]
+fn iq1_group(y: &mut [f32], idx: usize, dl: f32, delta: f32) {
+    let grid = iq1s_grid[idx].to_le_bytes();
+    for j in 0..8 {
+        y[j] = dl * (f32::from(grid[j] as i8) + delta);
+    }
+}
+
+/// `block_iq1_s` (ggml-common.h): 256 values in 8 sub-blocks of 32, 1.5625 bits per value.
+///
+/// Group `l` (8 values) of sub-block `ib` indexes [`iq1s_grid`] with
+/// `qs[4ib + l] | ((qh[ib] >> 3l) & 7) << 8`, where `qh[ib]` is a little-endian u16 whose bits
+/// 12..15 are the 3-bit scale and bit 15 the sign of the delta:
+/// `x = d * (2s + 1) * (grid ± IQ1S_DELTA)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockIQ1S {
+    /// Scale, fp16 bits.
+    pub d: [u8; 2],
+    /// Low 8 bits of the grid indices.
+    pub qs: [u8; 32],
+    /// 8 little-endian `uint16_t`: high index bits, scale, delta sign.
+    pub qh: [u8; 16],
+}
+size_check!(BlockIQ1S, 50);
+
+impl GgmlBlock for BlockIQ1S {
+    const TYPE: GgmlType = GgmlType::IQ1_S;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = fp16_to_f32(self.d);
+        for ib in 0..8 {
+            let qh = u16_at(&self.qh, ib);
+            let dl = d * (2 * i32::from((qh >> 12) & 7) + 1) as f32;
+            let delta = if qh & 0x8000 != 0 {
+                -IQ1S_DELTA
+            } else {
+                IQ1S_DELTA
+            };
+            for l in 0..4 {
+                let idx =
+                    usize::from(self.qs[4 * ib + l]) | (usize::from((qh >> (3 * l)) & 7) << 8);
+                iq1_group(&mut out[32 * ib + 8 * l..], idx, dl, delta);
+            }
+        }
+    }
+}
+
+/// `block_iq1_m` (ggml-common.h): 256 values in 8 sub-blocks of 32, 1.75 bits per value; no
+/// separate `d` field.
+///
+/// `scales` is 4 little-endian u16 `sc`: the fp16 super-block scale is the top nibbles of
+/// `sc[0..4]` (`sc[k] >> 12` is bits `4k..4k+4`); sub-block `ib` has two 3-bit scales at bits
+/// `6 * (ib % 2)` and `+3` of `sc[ib / 2]` (for its first and second 16 values). Group `l` indexes
+/// [`iq1s_grid`] with `qs[4ib + l]` plus 3 high bits from nibble `l % 2` of `qh[2ib + l / 2]`,
+/// whose bit 3 is the delta sign: `x = d * (2s + 1) * (grid ± IQ1M_DELTA)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct BlockIQ1M {
+    /// Low 8 bits of the grid indices.
+    pub qs: [u8; 32],
+    /// High 3 index bits and the delta sign bit, one nibble per 8-value group.
+    pub qh: [u8; 16],
+    /// 3-bit sub-block scales and the fp16 super-block scale (4 little-endian u16).
+    pub scales: [u8; 8],
+}
+size_check!(BlockIQ1M, 56);
+
+impl GgmlBlock for BlockIQ1M {
+    const TYPE: GgmlType = GgmlType::IQ1_M;
+    const BLOCK_SIZE: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        let sc = [0, 1, 2, 3].map(|k| u16_at(&self.scales, k));
+        let scale =
+            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000);
+        let d = fp16_to_f32(scale.to_le_bytes());
+        for ib in 0..8 {
+            let s = sc[ib / 2] >> (6 * (ib % 2));
+            let dl1 = d * (2 * i32::from(s & 0x7) + 1) as f32;
+            let dl2 = d * (2 * i32::from((s >> 3) & 0x7) + 1) as f32;
+            let qs = &self.qs[4 * ib..4 * ib + 4];
+            let qh = [
+                usize::from(self.qh[2 * ib]),
+                usize::from(self.qh[2 * ib + 1]),
+            ];
+            let delta = |b: usize| if b != 0 { -IQ1S_DELTA } else { IQ1S_DELTA };
+            for l in 0..4 {
+                let h = qh[l / 2];
+                let idx = usize::from(qs[l]) | ((h << (8 - 4 * (l % 2))) & 0x700);
+                let dl = if l < 2 { dl1 } else { dl2 };
+                let dt = delta(h & (0x08 << (4 * (l % 2))));
+                iq1_group(&mut out[32 * ib + 8 * l..], idx, dl, dt);
             }
         }
     }

@@ -6,7 +6,12 @@
 //! ggml (checked against `shared/fixtures/dequant`).
 //!
 //! Supported for dequantization: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K,
-//! Q5_K, Q6_K. Quantization: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
+//! Q5_K, Q6_K, TQ1_0, TQ2_0, IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q1_0, Q2_0, IQ2_XXS, IQ2_XS, IQ2_S,
+//! IQ3_XXS, IQ3_S, IQ1_S, IQ1_M. Quantization: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! TQ1_0, TQ2_0, MXFP4.
+//!
+//! The IQ codebooks and other lookup tables of ggml live in [`grids`], their only copy in the
+//! workspace.
 //!
 //! ```
 //! use ggml_codec::{dequantize_to_vec, quantize_q8_0};
@@ -18,16 +23,19 @@
 //! ```
 
 pub mod blocks;
+pub mod grids;
 pub mod quantize;
 
 pub use blocks::{
-    BlockBF16, BlockF16, BlockF32, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, GgmlBlock, QK_K, bf16_to_f32, fp16_to_f32,
-    get_scale_min_k4,
+    BlockBF16, BlockF16, BlockF32, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS,
+    BlockIQ3S, BlockIQ3XXS, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockNVFP4, BlockQ1_0, BlockQ2_0,
+    BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
+    BlockQ8_0, BlockTQ1_0, BlockTQ2_0, GgmlBlock, IQ1S_DELTA, QK_K, bf16_to_f32, e8m0_to_fp32_half,
+    fp16_to_f32, get_scale_min_k4, ue4m3_to_fp32,
 };
 pub use quantize::{
-    f32_to_bf16, f32_to_fp16, quantize_bf16, quantize_f16, quantize_q4_0, quantize_q4_1,
-    quantize_q5_0, quantize_q5_1, quantize_q8_0,
+    f32_to_bf16, f32_to_fp16, quantize_bf16, quantize_f16, quantize_mxfp4, quantize_q4_0,
+    quantize_q4_1, quantize_q5_0, quantize_q5_1, quantize_q8_0, quantize_tq1_0, quantize_tq2_0,
 };
 
 use gguf::GgmlType;
@@ -70,14 +78,43 @@ pub fn supports(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | TQ1_0
+            | TQ2_0
+            | IQ4_NL
+            | IQ4_XS
+            | MXFP4
+            | NVFP4
+            | Q1_0
+            | Q2_0
+            | IQ2_XXS
+            | IQ2_XS
+            | IQ2_S
+            | IQ3_XXS
+            | IQ3_S
+            | IQ1_S
+            | IQ1_M
     )
 }
 
 /// Whether [`quantize()`] supports `ty`.
 pub fn supports_quantize(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0)
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | TQ1_0 | TQ2_0 | MXFP4
+    )
 }
 
 /// Checks that `data` holds exactly `n_elements` values of `ty`.
@@ -164,6 +201,21 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), Code
         GgmlType::Q4_K => dequantize_blocks::<BlockQ4K>(data, out),
         GgmlType::Q5_K => dequantize_blocks::<BlockQ5K>(data, out),
         GgmlType::Q6_K => dequantize_blocks::<BlockQ6K>(data, out),
+        GgmlType::TQ1_0 => dequantize_blocks::<BlockTQ1_0>(data, out),
+        GgmlType::TQ2_0 => dequantize_blocks::<BlockTQ2_0>(data, out),
+        GgmlType::IQ4_NL => dequantize_blocks::<BlockIQ4NL>(data, out),
+        GgmlType::IQ4_XS => dequantize_blocks::<BlockIQ4XS>(data, out),
+        GgmlType::MXFP4 => dequantize_blocks::<BlockMXFP4>(data, out),
+        GgmlType::NVFP4 => dequantize_blocks::<BlockNVFP4>(data, out),
+        GgmlType::Q1_0 => dequantize_blocks::<BlockQ1_0>(data, out),
+        GgmlType::Q2_0 => dequantize_blocks::<BlockQ2_0>(data, out),
+        GgmlType::IQ2_XXS => dequantize_blocks::<BlockIQ2XXS>(data, out),
+        GgmlType::IQ2_XS => dequantize_blocks::<BlockIQ2XS>(data, out),
+        GgmlType::IQ2_S => dequantize_blocks::<BlockIQ2S>(data, out),
+        GgmlType::IQ3_XXS => dequantize_blocks::<BlockIQ3XXS>(data, out),
+        GgmlType::IQ3_S => dequantize_blocks::<BlockIQ3S>(data, out),
+        GgmlType::IQ1_S => dequantize_blocks::<BlockIQ1S>(data, out),
+        GgmlType::IQ1_M => dequantize_blocks::<BlockIQ1M>(data, out),
         _ => Err(CodecError::Unsupported(ty)),
     }
 }
@@ -212,6 +264,9 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, CodecError> {
         GgmlType::Q5_0 => quantize_q5_0(src),
         GgmlType::Q5_1 => quantize_q5_1(src),
         GgmlType::Q8_0 => quantize_q8_0(src),
+        GgmlType::TQ1_0 => quantize_tq1_0(src),
+        GgmlType::TQ2_0 => quantize_tq2_0(src),
+        GgmlType::MXFP4 => quantize_mxfp4(src),
         _ => return Err(CodecError::Unsupported(ty)),
     })
 }
@@ -241,5 +296,20 @@ mod tests {
         check::<BlockQ4K>();
         check::<BlockQ5K>();
         check::<BlockQ6K>();
+        check::<BlockTQ1_0>();
+        check::<BlockTQ2_0>();
+        check::<BlockIQ4NL>();
+        check::<BlockIQ4XS>();
+        check::<BlockMXFP4>();
+        check::<BlockNVFP4>();
+        check::<BlockQ1_0>();
+        check::<BlockQ2_0>();
+        check::<BlockIQ2XXS>();
+        check::<BlockIQ2XS>();
+        check::<BlockIQ2S>();
+        check::<BlockIQ3XXS>();
+        check::<BlockIQ3S>();
+        check::<BlockIQ1S>();
+        check::<BlockIQ1M>();
     }
 }

@@ -1,8 +1,9 @@
-//! Hand-built blocks (cases C08, C09), error paths, unaligned input and quantize round trips.
+//! Hand-built blocks (cases C08, C09, C11), error paths, unaligned input and quantize round trips.
 
 use ggml_codec::{
     BlockQ4K, BlockQ5K, CodecError, GgmlBlock, dequantize, dequantize_blocks, dequantize_to_vec,
-    get_scale_min_k4, quantize, quantize_q4_0, quantize_q5_0, quantize_q8_0,
+    e8m0_to_fp32_half, get_scale_min_k4, quantize, quantize_q4_0, quantize_q5_0, quantize_q8_0,
+    quantize_tq2_0, supports, supports_quantize, ue4m3_to_fp32,
 };
 use gguf::GgmlType;
 
@@ -73,13 +74,7 @@ fn errors_not_panics() {
     let e = dequantize_to_vec(GgmlType::Q4_K, &[0u8; 144], 100).unwrap_err();
     assert!(matches!(e, CodecError::NotBlockMultiple { .. }), "{e:?}");
     // Unsupported types.
-    for ty in [
-        GgmlType::IQ2_XXS,
-        GgmlType::TQ2_0,
-        GgmlType::MXFP4,
-        GgmlType::Q8_K,
-        GgmlType::I32,
-    ] {
+    for ty in [GgmlType::Q8_K, GgmlType::I32] {
         let n = ty.block_size();
         let data = vec![0u8; ty.type_size()];
         assert_eq!(
@@ -88,7 +83,16 @@ fn errors_not_panics() {
         );
         assert!(quantize(ty, &vec![0.0; n]).is_err());
     }
+    // Decodable but without a CPU encoder.
+    for ty in [GgmlType::IQ2_XXS, GgmlType::NVFP4, GgmlType::Q4_K] {
+        assert!(supports(ty) && !supports_quantize(ty));
+        assert_eq!(
+            quantize(ty, &vec![0.0; ty.block_size()]).unwrap_err(),
+            CodecError::Unsupported(ty)
+        );
+    }
     assert!(quantize(GgmlType::Q8_0, &[0.0; 33]).is_err());
+    assert!(quantize(GgmlType::TQ2_0, &[0.0; 255]).is_err());
     assert!(dequantize_blocks::<BlockQ4K>(&[0u8; 143], &mut [0.0; 256]).is_err());
     assert!(dequantize_blocks::<BlockQ4K>(&[0u8; 144], &mut [0.0; 512]).is_err());
     // Empty input is fine.
@@ -167,4 +171,47 @@ fn quantize_round_trips_within_one_step() {
         let y = dequantize_to_vec(ty, &quantize(ty, &zeros).unwrap(), 64).unwrap();
         assert!(y.iter().all(|&v| v == 0.0), "{ty}");
     }
+}
+
+/// Case C11: TQ2_0 stores four 2-bit planes per 32-byte chunk: element `n` is in byte
+/// `32 * (n / 128) + n % 32` at shift `2 * ((n % 128) / 32)`, not four consecutive elements per
+/// byte.
+#[test]
+fn c11_tq2_0_bit_plane_layout() {
+    let mut block = vec![0x64];
+    block.extend_from_slice(&[0x55; 63]);
+    block.extend_from_slice(&[0x00, 0x3C]); // d = 1.0
+    assert_eq!(block.len(), 66);
+
+    let y = dequantize_to_vec(GgmlType::TQ2_0, &block, 256).unwrap();
+    for (i, &v) in y.iter().enumerate() {
+        let expected = match i {
+            0 => -1.0,
+            64 => 1.0,
+            _ => 0.0,
+        };
+        assert_eq!(v, expected, "element {i}");
+    }
+    // A consecutive-packing reader would give -1, 0, +1, 0 at elements 0..4.
+    assert_eq!(&y[..4], &[-1.0, 0.0, 0.0, 0.0]);
+
+    // The quantizer writes the same layout back.
+    assert_eq!(quantize_tq2_0(&y), block);
+}
+
+/// The scale conversions of MXFP4 (E8M0, halved) and NVFP4 (UE4M3, halved) at their edges.
+#[test]
+fn fp4_scale_conversions() {
+    assert_eq!(e8m0_to_fp32_half(0).to_bits(), 0x0020_0000); // 2^-128
+    assert_eq!(e8m0_to_fp32_half(1).to_bits(), 0x0040_0000); // 2^-127
+    assert_eq!(e8m0_to_fp32_half(2), 2f32.powi(-126));
+    assert_eq!(e8m0_to_fp32_half(127), 0.5);
+    assert_eq!(e8m0_to_fp32_half(255), 2f32.powi(127));
+
+    assert_eq!(ue4m3_to_fp32(0), 0.0);
+    assert_eq!(ue4m3_to_fp32(0x7F), 0.0);
+    assert_eq!(ue4m3_to_fp32(0x38), 0.5); // exp 7, man 0: 1.0, halved
+    assert_eq!(ue4m3_to_fp32(0x01), 2f32.powi(-10)); // subnormal 1 * 2^-9, halved
+    assert_eq!(ue4m3_to_fp32(0x7E), 448.0 / 2.0); // largest finite E4M3
+    assert_eq!(ue4m3_to_fp32(0xB8), ue4m3_to_fp32(0x38)); // bit 7 ignored
 }

@@ -1,0 +1,63 @@
+//! `burn-gguf inspect`: the summary of a real file, and the CPU codec and the device kernels
+//! giving bit-identical values for one tensor of every type (with a kernel) in the fixtures.
+use burn_gguf_cli::inspect::{summary, tensor_values};
+use burn_gguf_tests::fixtures;
+use gguf::GgufFile;
+use std::collections::BTreeMap;
+
+#[test]
+fn summary_of_gemma_lists_header_types_and_tensors() {
+    let file = GgufFile::open(burn_gguf_tests::gemma_path()).unwrap();
+    let s = summary(&file);
+    assert!(s.starts_with("GGUF v3, 253113024 bytes, alignment 32, data section at byte 6525120, 33 metadata keys, 236 tensors"), "{s}");
+    assert!(s.contains("token_embd.weight"), "{s}");
+    assert!(s.contains("[262144, 640]"), "{s}");
+    // Arrays are abbreviated: 262144 tokens shown as 5 + 5.
+    assert!(s.contains("tokenizer.ggml.tokens (ARRAY[STRING]) = [\"<pad>\", \"<eos>\", \"<bos>\", \"<unk>\", \"<mask>\", ... (262134 more)"), "{s}");
+    for line in [
+        "  Q8_0       10 tensors",
+        "  Q5_0       81 tensors",
+        "  Q4_K       27 tensors",
+        "  Q6_K        9 tensors",
+        "  F32       109 tensors",
+    ] {
+        assert!(s.contains(line), "missing {line:?} in\n{s}");
+    }
+}
+
+#[test]
+fn codec_and_device_values_are_identical_for_every_type_with_a_kernel() {
+    let mut seen = BTreeMap::new();
+    let mut paths: Vec<_> = std::fs::read_dir(fixtures().join("gguf"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "gguf") && !p.to_string_lossy().contains("imatrix")
+        })
+        .collect();
+    paths.sort();
+    for path in paths {
+        let file = GgufFile::open(&path).unwrap();
+        for t in file.tensors() {
+            if seen.contains_key(&t.ggml_type) || !ggml_kernels::supports(t.ggml_type) {
+                continue;
+            }
+            let cpu = tensor_values(&file, &t.name, false).unwrap();
+            let dev = tensor_values(&file, &t.name, true).unwrap();
+            assert_eq!(cpu.len(), dev.len());
+            for (i, (a, b)) in cpu.iter().zip(&dev).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{} {} ({}) [{i}]: codec {a}, device {b}",
+                    path.display(),
+                    t.name,
+                    t.ggml_type
+                );
+            }
+            seen.insert(t.ggml_type, t.name.clone());
+        }
+    }
+    // The fixtures hold F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K ... Q6_K among the types with kernels.
+    assert!(seen.len() >= 10, "{seen:?}");
+}
