@@ -9,6 +9,7 @@
 //!
 //! The launch functions here check every buffer length against the shapes before launching the
 //! unchecked kernels, so they are safe to call with any arguments.
+pub mod check;
 pub mod dequantize;
 pub mod formats;
 pub mod gemv;
@@ -17,7 +18,10 @@ pub mod words;
 use cubecl::client::Client;
 use cubecl::features::Plane;
 use cubecl::prelude::*;
-use formats::{BF16, BlockFormat, F16, F32, Q2K, Q3K, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
+use formats::{
+    BF16, BlockFormat, F16, F32, IQ4NL, IQ4XS, MXFP4, NVFP4, Q1_0, Q2_0, Q2K, Q3K, Q4_0, Q4_1, Q4K,
+    Q5_0, Q5_1, Q5K, Q6K, Q8_0, TQ1_0, TQ2_0,
+};
 use gguf::GgmlType;
 
 /// Runs `$body` with `$F` bound to the decoder type of `$ty`, or evaluates `$none`.
@@ -74,6 +78,38 @@ macro_rules! with_format {
             }
             GgmlType::Q6_K => {
                 type $F = Q6K;
+                $body
+            }
+            GgmlType::TQ2_0 => {
+                type $F = TQ2_0;
+                $body
+            }
+            GgmlType::TQ1_0 => {
+                type $F = TQ1_0;
+                $body
+            }
+            GgmlType::IQ4_NL => {
+                type $F = IQ4NL;
+                $body
+            }
+            GgmlType::IQ4_XS => {
+                type $F = IQ4XS;
+                $body
+            }
+            GgmlType::MXFP4 => {
+                type $F = MXFP4;
+                $body
+            }
+            GgmlType::NVFP4 => {
+                type $F = NVFP4;
+                $body
+            }
+            GgmlType::Q1_0 => {
+                type $F = Q1_0;
+                $body
+            }
+            GgmlType::Q2_0 => {
+                type $F = Q2_0;
                 $body
             }
             _ => $none,
@@ -167,10 +203,18 @@ impl GemvConfig {
         plane: false,
     };
 
-    /// The variants `device` can run: [`Self::ROW_PER_UNIT`], [`Self::SHARED`], and the plane
-    /// variant where the device has plane ops with a fixed width.
+    /// 8 lanes per row reduced in shared memory, one row per cube (wide rows; many cubes).
+    pub const SHARED_ONE_ROW: GemvConfig = GemvConfig {
+        lanes: 8,
+        rows_per_cube: 1,
+        plane: false,
+    };
+
+    /// The variants `device` can run: [`Self::ROW_PER_UNIT`], [`Self::SHARED`],
+    /// [`Self::SHARED_ONE_ROW`], and the plane variant where the device has plane ops with a fixed
+    /// width.
     pub fn variants(client: &Client) -> Vec<GemvConfig> {
-        let mut v = vec![Self::ROW_PER_UNIT, Self::SHARED];
+        let mut v = vec![Self::ROW_PER_UNIT, Self::SHARED, Self::SHARED_ONE_ROW];
         let hw = &client.properties().hardware;
         if client.features().plane.contains(Plane::Ops) && hw.plane_size_min == hw.plane_size_max {
             let lanes = hw.plane_size_max;

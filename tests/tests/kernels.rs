@@ -8,9 +8,6 @@ use burn_gguf::GgmlTensor;
 use burn_gguf_tests::{rand_vec, read_fixture};
 use gguf::GgmlType;
 
-/// GEMV tolerance: |y - y_ref| <= TOL * sum_k |w_k x_k| (the scale of f32 rounding in a dot).
-const TOL: f64 = 1e-5;
-
 fn to_vec(t: Tensor<2>) -> Vec<f32> {
     t.try_into_data()
         .expect("device read-back")
@@ -18,34 +15,16 @@ fn to_vec(t: Tensor<2>) -> Vec<f32> {
         .expect("f32 data")
 }
 
-/// Asserts `y` `[m, rows]` equals `x W^T` computed in f64 from `row(n)`, the codec's
-/// dequantization of weight row `n`, within [`TOL`] of each dot's magnitude.
-fn assert_gemv(
-    label: &str,
-    row: impl Fn(usize) -> Vec<f32>,
-    x: &[f32],
-    y: &[f32],
-    m: usize,
-    rows: usize,
-    cols: usize,
-) {
-    assert_eq!(y.len(), m * rows, "{label}: output length");
-    for n in 0..rows {
-        let w = row(n);
-        for r in 0..m {
-            let (mut dot, mut mag) = (0f64, 0f64);
-            for (wk, xk) in w.iter().zip(&x[r * cols..(r + 1) * cols]) {
-                let p = *wk as f64 * *xk as f64;
-                dot += p;
-                mag += p.abs();
-            }
-            let got = y[r * rows + n] as f64;
-            assert!(
-                (got - dot).abs() <= TOL * mag.max(1e-30),
-                "{label} m={m} y[{r},{n}] = {got}, f64 reference {dot} (|w||x| = {mag})"
-            );
-        }
-    }
+/// Asserts `y` `[m, rows]` equals `x W^T` computed in f64 from `reference` (`W` as the codec
+/// dequantizes it, `[rows, cols]`), within `ggml_kernels::check::GEMV_TOL` of each dot's magnitude.
+fn assert_gemv(label: &str, reference: &[f32], x: &[f32], y: &[f32], rows: usize, cols: usize) {
+    assert_eq!(y.len() * cols, x.len() * rows, "{label}: output length");
+    let err = ggml_kernels::check::gemv_error_of(y, x, reference, rows, cols);
+    assert!(
+        err <= 1.0,
+        "{label} m={}: error {err} x the bound",
+        x.len() / cols
+    );
 }
 
 /// Checks dequantize and GEMV (m = 1, 2, 5, 8 fused; 11 through prefill) of `bytes` viewed as
@@ -71,8 +50,14 @@ fn check(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) {
         let x = rand_vec(m * cols, 100 + seed as u64);
         let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, cols]), &device);
         let y = to_vec(t.matmul_t(xt));
-        let row = |n: usize| reference[n * cols..(n + 1) * cols].to_vec();
-        assert_gemv(&format!("{ty} [{rows}x{cols}]"), row, &x, &y, m, rows, cols);
+        assert_gemv(
+            &format!("{ty} [{rows}x{cols}]"),
+            &reference,
+            &x,
+            &y,
+            rows,
+            cols,
+        );
     }
 }
 
@@ -170,6 +155,102 @@ fn q6_k_kernels() {
 }
 
 #[test]
+fn tq2_0_kernels() {
+    check_fixture(GgmlType::TQ2_0, &fixture("TQ2_0"));
+}
+
+#[test]
+fn tq1_0_kernels() {
+    check_fixture(GgmlType::TQ1_0, &fixture("TQ1_0"));
+}
+
+#[test]
+fn iq4_nl_kernels() {
+    check_fixture(GgmlType::IQ4_NL, &fixture("IQ4_NL"));
+}
+
+#[test]
+fn iq4_xs_kernels() {
+    check_fixture(GgmlType::IQ4_XS, &fixture("IQ4_XS"));
+}
+
+#[test]
+fn mxfp4_kernels() {
+    check_fixture(GgmlType::MXFP4, &fixture("MXFP4"));
+}
+
+#[test]
+fn nvfp4_kernels() {
+    check_fixture(GgmlType::NVFP4, &fixture("NVFP4"));
+}
+
+#[test]
+fn q1_0_kernels() {
+    check_fixture(GgmlType::Q1_0, &fixture("Q1_0"));
+}
+
+#[test]
+fn q2_0_kernels() {
+    check_fixture(GgmlType::Q2_0, &fixture("Q2_0"));
+}
+
+/// Every E8M0 (MXFP4) and UE4M3 (NVFP4) scale byte, subnormals, zeros, `0x7F` and bit 7
+/// included, with every nibble: the dequantize op matches the codec bit for bit.
+#[test]
+fn fp4_scales_match_the_codec_bit_for_bit() {
+    let device = burn_gguf::default_device();
+    let nibbles =
+        |b: usize, j: usize| (((b * 7 + 2 * j) % 16) | (((b * 5 + 2 * j + 1) % 16) << 4)) as u8;
+    // MXFP4: one block per E8M0 byte, 256 blocks of 32 = 32 rows of 256.
+    let mut mx = Vec::new();
+    for e in 0..=255u8 {
+        mx.push(e);
+        mx.extend((0..16).map(|j| nibbles(e as usize, j)));
+    }
+    // NVFP4: four UE4M3 bytes per block, 64 blocks of 64 = 16 rows of 256.
+    let mut nv = Vec::new();
+    for b in 0..64usize {
+        nv.extend((0..4).map(|s| (4 * b + s) as u8));
+        nv.extend((0..32).map(|j| nibbles(b, j)));
+    }
+    for (ty, bytes, rows) in [(GgmlType::MXFP4, mx, 32), (GgmlType::NVFP4, nv, 16)] {
+        let reference = ggml_codec::dequantize_to_vec(ty, &bytes, rows * 256).expect("codec");
+        let t = GgmlTensor::from_bytes(&bytes, ty, [rows, 256], &device).expect("upload");
+        let got = to_vec(t.dequantize());
+        assert_eq!(got.len(), reference.len(), "{ty}");
+        for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{ty} [{i}]: {a:e} vs codec {b:e}");
+        }
+    }
+}
+
+/// The ternary, non-linear 4-bit and 1/2-bit decoders repeat the codec's f32 operations, so
+/// their dequantization of llama.cpp's fixture blocks is bit-exact.
+#[test]
+fn bit_exact_decoders_on_fixtures() {
+    let device = burn_gguf::default_device();
+    for ty in [
+        GgmlType::TQ2_0,
+        GgmlType::TQ1_0,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
+        GgmlType::MXFP4,
+        GgmlType::NVFP4,
+        GgmlType::Q1_0,
+        GgmlType::Q2_0,
+    ] {
+        let bytes = fixture(ty.name());
+        let reference = ggml_codec::dequantize_to_vec(ty, &bytes, 128 * 256).expect("codec");
+        let t = GgmlTensor::from_bytes(&bytes, ty, [128, 256], &device).expect("upload");
+        let got = to_vec(t.dequantize());
+        assert_eq!(got.len(), reference.len(), "{ty}");
+        for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{ty} [{i}]: {a:e} vs codec {b:e}");
+        }
+    }
+}
+
+#[test]
 fn unsupported_type_and_bad_shapes_are_errors() {
     let device = burn_gguf::default_device();
     // Every type without a kernel is refused at upload (the loader then falls back).
@@ -216,7 +297,8 @@ fn tensor_over_128_mib_is_split_by_rows() {
     let x = rand_vec(m * cols, 7);
     let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, cols]), &device);
     let y = to_vec(t.matmul_t(xt));
-    assert_gemv("token_embd", row, &x, &y, m, rows, cols);
+    let reference = ggml_codec::dequantize_to_vec(GgmlType::Q8_0, bytes, rows * cols).unwrap();
+    assert_gemv("token_embd", &reference, &x, &y, rows, cols);
 
     // Lookups on both sides of every part boundary, and the last row.
     let split = (((128u64 << 20) - 8) / row_bytes as u64) as u32;
@@ -236,7 +318,6 @@ fn tensor_over_128_mib_is_split_by_rows() {
 /// reduction), launched directly, for every kernel type and 1..=8 activation rows.
 #[test]
 fn every_gemv_variant_matches_the_codec() {
-    use cubecl::prelude::*;
     let device = burn_gguf::default_device();
     let client = burn_gguf::cube_client(&device).expect("a CubeCL device");
     // Every type with a kernel, on llama.cpp's fixture blocks.
@@ -253,25 +334,14 @@ fn every_gemv_variant_matches_the_codec() {
     for (ty, bytes) in &cases {
         let bytes = &bytes[..rows * ty.row_bytes(cols as u64).unwrap() as usize];
         let reference = ggml_codec::dequantize_to_vec(*ty, bytes, rows * cols).unwrap();
-        let words = ggml_kernels::words_for_bytes(bytes);
-        let w = client.create_from_slice(u32::as_bytes(&words));
         for config in ggml_kernels::GemvConfig::variants(&client) {
             for m in [1usize, 3, 8] {
                 let x = rand_vec(m * cols, m as u64);
-                let xh = client.create_from_slice(f32::as_bytes(&x));
-                let yh = client.empty(m * rows * 4);
-                // SAFETY: the lengths are those of the buffers just created.
-                let (wa, xa, ya) = unsafe {
-                    (
-                        BufferArg::from_raw_parts(w.clone(), words.len()),
-                        BufferArg::from_raw_parts(xh, m * cols),
-                        BufferArg::from_raw_parts(yh.clone(), m * rows),
-                    )
-                };
-                ggml_kernels::launch_gemv(&client, *ty, wa, xa, ya, rows, cols, config).unwrap();
-                let y = f32::from_bytes(&client.read_one(yh).expect("read-back")).to_vec();
-                let row = |n: usize| reference[n * cols..(n + 1) * cols].to_vec();
-                assert_gemv(&format!("{ty} {config:?}"), row, &x, &y, m, rows, cols);
+                let err = ggml_kernels::check::gemv_error(
+                    &client, *ty, bytes, rows, cols, config, &x, &reference,
+                )
+                .unwrap();
+                assert!(err <= 1.0, "{ty} {config:?} m={m}: error {err} x the bound");
             }
         }
     }

@@ -29,12 +29,31 @@ enum Command {
         #[arg(long, conflicts_with = "name")]
         list: bool,
     },
+    /// Run every kernel variant (ggml type x op x comptime parameters x activation rows) on the
+    /// wgpu device against the CPU codec; prints a table and fails if any variant does.
+    KernelTest {
+        /// Only this ggml type (e.g. Q4_K).
+        #[arg(long = "type")]
+        ggml_type: Option<gguf::GgmlType>,
+        /// Only this op: gemv, dequantize, big (262,144-row and over-128-MiB shapes).
+        #[arg(long, value_parser = ["gemv", "dequantize", "big"])]
+        op: Option<String>,
+    },
 }
+
+mod kernel_test;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::FetchModel { name, list } => fetch_model(name.as_deref(), list),
+        Command::FetchModel { name, list } => {
+            fetch_model(name.as_deref(), list).map_err(|e| e.to_string())
+        }
+        Command::KernelTest { ggml_type, op } => kernel_test::run(ggml_type, op.as_deref())
+            .and_then(|failed| match failed {
+                0 => Ok(()),
+                n => Err(format!("{n} kernel variants failed")),
+            }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

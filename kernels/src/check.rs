@@ -1,0 +1,123 @@
+//! Running one kernel variant on the device against reference values: the core of
+//! `cargo xtask kernel-test` and of the kernel tests. References come from the caller (the CPU
+//! codec), so this crate stays independent of it.
+use crate::{GemvConfig, KernelError, launch_dequantize_rows, launch_gemv, words_for_bytes};
+use cubecl::client::Client;
+use cubecl::prelude::*;
+use gguf::GgmlType;
+
+/// GEMV tolerance: `|y - y_ref| <= GEMV_TOL * sum_k |w_k x_k|`, the scale of f32 rounding in a dot.
+pub const GEMV_TOL: f64 = 1e-5;
+/// Dequantize tolerance: `|y - y_ref| <= DEQUANT_TOL * max |y_ref|`.
+pub const DEQUANT_TOL: f64 = 1e-6;
+
+fn read_f32(client: &Client, h: cubecl::server::Handle) -> Result<Vec<f32>, KernelError> {
+    let bytes = client.read_one(h).map_err(|e| KernelError::Shape {
+        op: "read-back",
+        reason: format!("{e:?}"),
+    })?;
+    Ok(f32::from_bytes(&bytes).to_vec())
+}
+
+/// Runs the fused GEMV `config` on `bytes` (`rows` x `cols` of `ty`) with activations `x`
+/// (`[m, cols]`) and returns the worst error as a fraction of its bound ([`GEMV_TOL`]; <= 1
+/// passes) against `reference`, the weights dequantized by the CPU codec (`[rows, cols]`).
+///
+/// # Errors
+/// Launch errors (unsupported type, shapes) or a failed read-back.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_error(
+    client: &Client,
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    config: GemvConfig,
+    x: &[f32],
+    reference: &[f32],
+) -> Result<f64, KernelError> {
+    let m = x.len() / cols;
+    let words = words_for_bytes(bytes);
+    let w = client.create_from_slice(u32::as_bytes(&words));
+    let xh = client.create_from_slice(f32::as_bytes(x));
+    let yh = client.empty(m * rows * size_of::<f32>());
+    // SAFETY: each length is that of the buffer just created.
+    let (wa, xa, ya) = unsafe {
+        (
+            BufferArg::from_raw_parts(w, words.len()),
+            BufferArg::from_raw_parts(xh, x.len()),
+            BufferArg::from_raw_parts(yh.clone(), m * rows),
+        )
+    };
+    launch_gemv(client, ty, wa, xa, ya, rows, cols, config)?;
+    let y = read_f32(client, yh)?;
+    Ok(gemv_error_of(&y, x, reference, rows, cols))
+}
+
+/// The worst error of `y` (`[m, rows]`) against `x W^T` computed in f64 from `reference` (`W`,
+/// `[rows, cols]`), as a fraction of its bound ([`GEMV_TOL`] x `sum_k |w_k x_k|`; <= 1 passes).
+/// NaN counts as infinite.
+pub fn gemv_error_of(y: &[f32], x: &[f32], reference: &[f32], rows: usize, cols: usize) -> f64 {
+    let m = x.len() / cols;
+    let mut worst = 0f64;
+    for n in 0..rows {
+        let w = &reference[n * cols..(n + 1) * cols];
+        for r in 0..m {
+            let (mut dot, mut mag) = (0f64, 0f64);
+            for (wk, xk) in w.iter().zip(&x[r * cols..(r + 1) * cols]) {
+                let p = *wk as f64 * *xk as f64;
+                dot += p;
+                mag += p.abs();
+            }
+            let err = (y[r * rows + n] as f64 - dot).abs() / (GEMV_TOL * mag.max(1e-30));
+            worst = if err.is_nan() {
+                f64::INFINITY
+            } else {
+                worst.max(err)
+            };
+        }
+    }
+    worst
+}
+
+/// Runs dequantize-rows over all `rows` of `bytes` and returns the worst error as a fraction of
+/// its bound ([`DEQUANT_TOL`]; <= 1 passes) against `reference` (`[rows, cols]`).
+///
+/// # Errors
+/// Launch errors or a failed read-back.
+pub fn dequantize_error(
+    client: &Client,
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    reference: &[f32],
+) -> Result<f64, KernelError> {
+    let words = words_for_bytes(bytes);
+    let ids: Vec<u32> = (0..rows as u32).collect();
+    let w = client.create_from_slice(u32::as_bytes(&words));
+    let ih = client.create_from_slice(u32::as_bytes(&ids));
+    let oh = client.empty(rows * cols * size_of::<f32>());
+    // SAFETY: each length is that of the buffer just created.
+    let (wa, ia, oa) = unsafe {
+        (
+            BufferArg::from_raw_parts(w, words.len()),
+            BufferArg::from_raw_parts(ih, rows),
+            BufferArg::from_raw_parts(oh.clone(), rows * cols),
+        )
+    };
+    launch_dequantize_rows(client, ty, wa, ia, oa, 0, rows, cols)?;
+    let y = read_f32(client, oh)?;
+    let scale = reference
+        .iter()
+        .fold(0f64, |m, v| m.max(v.abs() as f64))
+        .max(f64::MIN_POSITIVE);
+    Ok(y.iter().zip(reference).fold(0f64, |worst, (a, b)| {
+        let e = (*a as f64 - *b as f64).abs() / (DEQUANT_TOL * scale);
+        if e.is_nan() {
+            f64::INFINITY
+        } else {
+            worst.max(e)
+        }
+    }))
+}

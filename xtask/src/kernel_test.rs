@@ -1,0 +1,188 @@
+//! `cargo xtask kernel-test`: every kernel variant (ggml type x op x comptime parameters x
+//! activation rows) on the wgpu device against the CPU codec, as a table; non-zero exit on any
+//! failure.
+use burn::tensor::{Tensor, TensorData};
+use burn_gguf::GgmlTensor;
+use ggml_kernels::GemvConfig;
+use ggml_kernels::check::{dequantize_error, gemv_error};
+use gguf::GgmlType;
+
+/// Deterministic pseudo-random values in [-1, 1) (xorshift).
+fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+        | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Blocks for `rows` x `cols` of `ty`: codec-quantized random values where a quantizer exists,
+/// else random bytes, each block redrawn until it decodes to finite values (no NaN/Inf scales).
+fn input(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Result<Vec<u8>, String> {
+    if ggml_codec::supports_quantize(ty) {
+        return ggml_codec::quantize(ty, &rand_f32(rows * cols, seed)).map_err(|e| e.to_string());
+    }
+    let (be, bb) = (ty.block_size(), ty.type_size());
+    let blocks = rows * cols / be;
+    let mut out = Vec::with_capacity(blocks * bb);
+    let mut state = seed | 1;
+    let mut vals = vec![0f32; be];
+    for _ in 0..blocks {
+        for attempt in 0.. {
+            let block: Vec<u8> = (0..bb)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 24) as u8
+                })
+                .collect();
+            ggml_codec::dequantize(ty, &block, &mut vals).map_err(|e| e.to_string())?;
+            if vals.iter().all(|v| v.is_finite() && v.abs() < 1e30) {
+                out.extend_from_slice(&block);
+                break;
+            }
+            if attempt > 1000 {
+                return Err(format!("{ty}: no finite random block found"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+struct Row {
+    variant: String,
+    shape: String,
+    /// Worst error over its bound; NaN and launch errors are recorded as infinite.
+    err: f64,
+}
+
+impl Row {
+    fn passed(&self) -> bool {
+        self.err <= 1.0
+    }
+}
+
+/// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `big`); prints the table.
+/// Returns the number of failures.
+pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
+    let device = burn_gguf::default_device();
+    let client =
+        burn_gguf::cube_client(&device).ok_or("the default device is not a CubeCL device")?;
+    let max_buffer = burn_gguf::max_buffer_bytes(&device).unwrap_or(u64::MAX) as usize;
+    let types: Vec<GgmlType> = GgmlType::all()
+        .iter()
+        .copied()
+        .filter(|t| ggml_kernels::supports(*t) && ty.is_none_or(|x| x == *t))
+        .collect();
+    if types.is_empty() {
+        return Err(format!("no kernel for {ty:?}"));
+    }
+    let wants = |o: &str| op.is_none_or(|x| x == o);
+    let mut rows_out: Vec<Row> = Vec::new();
+    let mut push = |variant: String, shape: String, err: Result<f64, String>| {
+        let err = err.unwrap_or_else(|e| {
+            eprintln!("{variant} {shape}: {e}");
+            f64::INFINITY
+        });
+        println!(
+            "{variant:<52} {shape:>16} {err:>10.3} {}",
+            if err <= 1.0 { "ok" } else { "FAIL" }
+        );
+        rows_out.push(Row {
+            variant,
+            shape,
+            err,
+        });
+    };
+    println!(
+        "{:<52} {:>16} {:>10} verdict",
+        "variant", "shape", "err/bound"
+    );
+    let (rows, cols) = (61, 512);
+    for &t in &types {
+        let bytes = input(t, rows, cols, t.id() as u64 + 1)?;
+        let reference =
+            ggml_codec::dequantize_to_vec(t, &bytes, rows * cols).map_err(|e| e.to_string())?;
+        if wants("dequantize") {
+            let e = dequantize_error(&client, t, &bytes, rows, cols, &reference)
+                .map_err(|e| e.to_string());
+            push(format!("{t} dequantize_rows"), format!("{rows}x{cols}"), e);
+        }
+        if wants("gemv") {
+            for config in GemvConfig::variants(&client) {
+                for m in 1..=ggml_kernels::MAX_GEMV_ROWS {
+                    let x = rand_f32(m * cols, m as u64);
+                    let e = gemv_error(&client, t, &bytes, rows, cols, config, &x, &reference)
+                        .map_err(|e| e.to_string());
+                    let v = format!(
+                        "{t} gemv lanes={} rows/cube={} plane={} m={m}",
+                        config.lanes, config.rows_per_cube, config.plane
+                    );
+                    push(v, format!("{m}x{cols} . {rows}x{cols}"), e);
+                }
+            }
+        }
+        // 262,144 rows, one per cube: more than 65,535 workgroups in one dispatch (case C29).
+        let (big_rows, big_cols) = (262_144, 256);
+        let row_bytes = t.row_bytes(big_cols as u64).map_err(|e| e.to_string())? as usize;
+        if wants("big") && big_rows * row_bytes + 8 <= max_buffer {
+            let bytes = input(t, big_rows, big_cols, 7)?;
+            let reference = ggml_codec::dequantize_to_vec(t, &bytes, big_rows * big_cols)
+                .map_err(|e| e.to_string())?;
+            let x = rand_f32(big_cols, 3);
+            let config = GemvConfig::SHARED_ONE_ROW;
+            let e = gemv_error(
+                &client, t, &bytes, big_rows, big_cols, config, &x, &reference,
+            )
+            .map_err(|e| e.to_string());
+            push(
+                format!("{t} gemv lanes=8 rows/cube=1 m=1 (262144 cubes)"),
+                format!("{big_rows}x{big_cols}"),
+                e,
+            );
+        }
+    }
+    // A tensor over 128 MiB through the ggml-quant tensor type: split into buffers by rows (C28).
+    if wants("big") && types.contains(&GgmlType::Q8_0) {
+        let (r, c) = (262_144, 640);
+        let bytes = input(GgmlType::Q8_0, r, c, 11)?;
+        let reference = ggml_codec::dequantize_to_vec(GgmlType::Q8_0, &bytes, r * c)
+            .map_err(|e| e.to_string())?;
+        let t = GgmlTensor::from_bytes(&bytes, GgmlType::Q8_0, [r, c], &device)
+            .map_err(|e| e.to_string())?;
+        let x = rand_f32(c, 5);
+        let y = t
+            .matmul_t(Tensor::<2>::from_data(
+                TensorData::new(x.clone(), [1, c]),
+                &device,
+            ))
+            .try_into_data()
+            .map_err(|e| format!("{e:?}"))?
+            .try_to_vec::<f32>()
+            .map_err(|e| format!("{e:?}"))?;
+        let worst = ggml_kernels::check::gemv_error_of(&y, &x, &reference, r, c);
+        push(
+            format!("Q8_0 GgmlTensor matmul_t, {} buffers", t.num_parts()),
+            format!("{r}x{c} ({} MB)", bytes.len() / 1_000_000),
+            Ok(worst),
+        );
+    }
+    let failed = rows_out.iter().filter(|r| !r.passed()).count();
+    println!(
+        "\n{} variants, {} passed, {failed} failed",
+        rows_out.len(),
+        rows_out.len() - failed
+    );
+    for r in rows_out.iter().filter(|r| !r.passed()) {
+        println!("FAILED: {} {} ({:.3})", r.variant, r.shape, r.err);
+    }
+    Ok(failed)
+}
