@@ -11,6 +11,23 @@ pub const GEMV_TOL: f64 = 1e-5;
 /// Dequantize tolerance: `|y - y_ref| <= DEQUANT_TOL * max |y_ref|`.
 pub const DEQUANT_TOL: f64 = 1e-6;
 
+/// Deterministic pseudo-random values in [-1, 1) (xorshift64): activations and weights for
+/// kernel checks, the same on every machine.
+pub fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+        | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
 fn read_f32(client: &Client, h: cubecl::server::Handle) -> Result<Vec<f32>, KernelError> {
     let bytes = client.read_one(h).map_err(|e| KernelError::Shape {
         op: "read-back",

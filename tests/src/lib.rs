@@ -39,20 +39,9 @@ pub fn gemma_path() -> PathBuf {
         .unwrap_or_else(|e| panic!("Gemma 3 270M model: {e}"))
 }
 
-/// Deterministic pseudo-random values in [-1, 1) (xorshift).
+/// Deterministic pseudo-random values in [-1, 1) (`ggml_kernels::check::rand_f32`).
 pub fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407)
-        | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    ggml_kernels::check::rand_f32(n, seed)
 }
 
 /// `ids` parsed from a JSON array.

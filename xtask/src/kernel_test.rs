@@ -4,24 +4,8 @@
 use burn::tensor::{Tensor, TensorData};
 use burn_gguf::GgmlTensor;
 use ggml_kernels::GemvConfig;
-use ggml_kernels::check::{dequantize_error, gemv_error};
+use ggml_kernels::check::{dequantize_error, gemv_error, rand_f32};
 use gguf::GgmlType;
-
-/// Deterministic pseudo-random values in [-1, 1) (xorshift).
-fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407)
-        | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// Blocks for `rows` x `cols` of `ty`: codec-quantized random values where a quantizer exists,
 /// else random bytes, each block redrawn until it decodes to finite values (no NaN/Inf scales).
