@@ -9,7 +9,7 @@ use crate::formats::{BlockDecode, CHUNK_ELEMS};
 use cubecl::prelude::*;
 
 /// One unit per 32-element chunk of each output row; `out` is `[ids.len(), cols]` f32.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, create_dummy_kernel)]
 pub fn dequantize_rows<F: BlockDecode>(
     w: &[u32],
     ids: &[u32],

@@ -13,7 +13,7 @@ use cubecl::prelude::*;
 
 /// The GEMV kernel. `x` is `[m, cols]` row-major f32, `y` is `[m, rows]`, `w` holds `rows`
 /// rows of `cols / BLOCK_ELEMS` blocks each, plus one padding word.
-#[cube(launch_unchecked)]
+#[cube(launch_unchecked, create_dummy_kernel)]
 pub fn gemv<F: BlockDecode>(
     w: &[u32],
     x: &[f32],

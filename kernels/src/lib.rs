@@ -13,6 +13,7 @@ pub mod check;
 pub mod dequantize;
 pub mod formats;
 pub mod gemv;
+pub mod source;
 pub mod words;
 
 use cubecl::client::Client;
@@ -116,6 +117,7 @@ macro_rules! with_format {
         }
     };
 }
+pub(crate) use with_format;
 
 /// Most activation rows one fused GEMV launch takes; more rows go through chunked prefill.
 pub const MAX_GEMV_ROWS: usize = 8;

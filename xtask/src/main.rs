@@ -29,6 +29,16 @@ enum Command {
         #[arg(long, conflicts_with = "name")]
         list: bool,
     },
+    /// Write every kernel variant's source (ggml type x op x comptime parameters) into a folder
+    /// and validate it (WGSL with naga); prints the variant list with sizes.
+    KernelGen {
+        /// Source language.
+        #[arg(long, default_value = "wgsl", value_parser = ["wgsl", "spirv", "msl"])]
+        target: String,
+        /// Output folder.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Run every kernel variant (ggml type x op x comptime parameters x activation rows) on the
     /// wgpu device against the CPU codec; prints a table and fails if any variant does.
     KernelTest {
@@ -41,6 +51,7 @@ enum Command {
     },
 }
 
+mod kernel_gen;
 mod kernel_test;
 
 fn main() -> ExitCode {
@@ -49,6 +60,16 @@ fn main() -> ExitCode {
         Command::FetchModel { name, list } => {
             fetch_model(name.as_deref(), list).map_err(|e| e.to_string())
         }
+        Command::KernelGen { target, out } => match target.as_str() {
+            "wgsl" => kernel_gen::run(&out).and_then(|failed| match failed {
+                0 => Ok(()),
+                n => Err(format!("{n} kernel variants failed to compile or validate")),
+            }),
+            other => Err(format!(
+                "--target {other}: this build compiles WGSL only (CubeCL's SPIR-V and MSL \
+                 compilers come with Burn's `vulkan` / `metal` features)"
+            )),
+        },
         Command::KernelTest { ggml_type, op } => kernel_test::run(ggml_type, op.as_deref())
             .and_then(|failed| match failed {
                 0 => Ok(()),
