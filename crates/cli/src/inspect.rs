@@ -1,7 +1,7 @@
 //! `burn-gguf inspect`: what a GGUF file holds, and any tensor's values from the CPU codec or the
 //! device kernels (to diff by hand).
 use burn_gguf::GgmlTensor;
-use gguf::{GgmlType, GgufFile, MetadataArray, MetadataValue, TensorInfo};
+use gguf::{GgufFile, MetadataArray, MetadataValue, TensorInfo};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write;
@@ -176,9 +176,4 @@ pub fn run(path: &std::path::Path, tensor: Option<&str>, device: bool) -> Result
             Err(e.to_string())
         }
     })
-}
-
-/// Whether `ty` can be printed with `--device` (a kernel decodes it).
-pub fn device_supported(ty: GgmlType) -> bool {
-    ggml_kernels::supports(ty)
 }
