@@ -578,15 +578,22 @@ impl BlockFormat for IQ4NL {
 impl BlockDecode for IQ4NL {
     fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
+        iq4_nibbles(w, block + 2, d, out);
+    }
+}
+
+/// The 32 values of the 16 IQ4 nibble bytes at byte `qs`: element `j < 16` from the low nibble
+/// of byte `j`, `j + 16` from its high nibble; `y = d * kvalues_iq4nl[q]` (IQ4_NL and IQ4_XS).
+#[cube]
+fn iq4_nibbles(w: &[u32], qs: u32, d: f32, out: &mut Array<f32>) {
+    #[unroll]
+    for k in 0..4u32 {
+        let word = read_u32(w, qs + 4 * k);
         #[unroll]
-        for k in 0..4u32 {
-            let word = read_u32(w, block + 2 + 4 * k);
-            #[unroll]
-            for i in 0..4u32 {
-                let b = (word >> (8 * i)) & 0xFF;
-                out[(4 * k + i) as usize] = d * kvalue_iq4nl(b & 0x0F);
-                out[(4 * k + i + 16) as usize] = d * kvalue_iq4nl(b >> 4);
-            }
+        for i in 0..4u32 {
+            let b = (word >> (8 * i)) & 0xFF;
+            out[(4 * k + i) as usize] = d * kvalue_iq4nl(b & 0x0F);
+            out[(4 * k + i + 16) as usize] = d * kvalue_iq4nl(b >> 4);
         }
     }
 }
@@ -610,17 +617,7 @@ impl BlockDecode for IQ4XS {
         let sl = (read_u8(w, block + 4 + chunk / 2) >> (4 * (chunk % 2))) & 0x0F;
         let ls = sl | (((scales_h >> (2 * chunk)) & 3) << 4);
         let dl = d * (f32::cast_from(ls) - 32.0);
-        let qs = block + 8 + 16 * chunk;
-        #[unroll]
-        for k in 0..4u32 {
-            let word = read_u32(w, qs + 4 * k);
-            #[unroll]
-            for i in 0..4u32 {
-                let b = (word >> (8 * i)) & 0xFF;
-                out[(4 * k + i) as usize] = dl * kvalue_iq4nl(b & 0x0F);
-                out[(4 * k + i + 16) as usize] = dl * kvalue_iq4nl(b >> 4);
-            }
-        }
+        iq4_nibbles(w, block + 8 + 16 * chunk, dl, out);
     }
 }
 

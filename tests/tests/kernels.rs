@@ -198,7 +198,6 @@ fn q2_0_kernels() {
 /// included, with every nibble: the dequantize op matches the codec bit for bit.
 #[test]
 fn fp4_scales_match_the_codec_bit_for_bit() {
-    let device = burn_gguf::default_device();
     let nibbles =
         |b: usize, j: usize| (((b * 7 + 2 * j) % 16) | (((b * 5 + 2 * j + 1) % 16) << 4)) as u8;
     // MXFP4: one block per E8M0 byte, 256 blocks of 32 = 32 rows of 256.
@@ -214,13 +213,20 @@ fn fp4_scales_match_the_codec_bit_for_bit() {
         nv.extend((0..32).map(|j| nibbles(b, j)));
     }
     for (ty, bytes, rows) in [(GgmlType::MXFP4, mx, 32), (GgmlType::NVFP4, nv, 16)] {
-        let reference = ggml_codec::dequantize_to_vec(ty, &bytes, rows * 256).expect("codec");
-        let t = GgmlTensor::from_bytes(&bytes, ty, [rows, 256], &device).expect("upload");
-        let got = to_vec(t.dequantize());
-        assert_eq!(got.len(), reference.len(), "{ty}");
-        for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
-            assert_eq!(a.to_bits(), b.to_bits(), "{ty} [{i}]: {a:e} vs codec {b:e}");
-        }
+        assert_dequantize_bit_exact(ty, &bytes, rows);
+    }
+}
+
+/// Dequantizes `bytes` (`rows` x 256 of `ty`) on the device and asserts every value has the
+/// codec's bits.
+fn assert_dequantize_bit_exact(ty: GgmlType, bytes: &[u8], rows: usize) {
+    let device = burn_gguf::default_device();
+    let reference = ggml_codec::dequantize_to_vec(ty, bytes, rows * 256).expect("codec");
+    let t = GgmlTensor::from_bytes(bytes, ty, [rows, 256], &device).expect("upload");
+    let got = to_vec(t.dequantize());
+    assert_eq!(got.len(), reference.len(), "{ty}");
+    for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "{ty} [{i}]: {a:e} vs codec {b:e}");
     }
 }
 
@@ -228,7 +234,6 @@ fn fp4_scales_match_the_codec_bit_for_bit() {
 /// their dequantization of llama.cpp's fixture blocks is bit-exact.
 #[test]
 fn bit_exact_decoders_on_fixtures() {
-    let device = burn_gguf::default_device();
     for ty in [
         GgmlType::TQ2_0,
         GgmlType::TQ1_0,
@@ -239,14 +244,7 @@ fn bit_exact_decoders_on_fixtures() {
         GgmlType::Q1_0,
         GgmlType::Q2_0,
     ] {
-        let bytes = fixture(ty.name());
-        let reference = ggml_codec::dequantize_to_vec(ty, &bytes, 128 * 256).expect("codec");
-        let t = GgmlTensor::from_bytes(&bytes, ty, [128, 256], &device).expect("upload");
-        let got = to_vec(t.dequantize());
-        assert_eq!(got.len(), reference.len(), "{ty}");
-        for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
-            assert_eq!(a.to_bits(), b.to_bits(), "{ty} [{i}]: {a:e} vs codec {b:e}");
-        }
+        assert_dequantize_bit_exact(ty, &fixture(ty.name()), 128);
     }
 }
 
