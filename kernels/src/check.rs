@@ -1,7 +1,9 @@
 //! Running one kernel variant on the device against reference values: the core of
 //! `cargo xtask kernel-test` and of the kernel tests. References come from the caller (the CPU
 //! codec), so this crate stays independent of it.
-use crate::{GemvConfig, KernelError, launch_dequantize_rows, launch_gemv, words_for_bytes};
+use crate::{
+    GemvConfig, KernelError, grid_words, launch_dequantize_rows, launch_gemv, words_for_bytes,
+};
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use gguf::GgmlType;
@@ -56,17 +58,20 @@ pub fn gemv_error(
     let m = x.len() / cols;
     let words = words_for_bytes(bytes);
     let w = client.create_from_slice(u32::as_bytes(&words));
+    let grid = grid_words(ty).ok_or(KernelError::Unsupported(ty))?;
+    let gh = client.create_from_slice(u32::as_bytes(&grid));
     let xh = client.create_from_slice(f32::as_bytes(x));
     let yh = client.empty(m * rows * size_of::<f32>());
     // SAFETY: each length is that of the buffer just created.
-    let (wa, xa, ya) = unsafe {
+    let (wa, ga, xa, ya) = unsafe {
         (
             BufferArg::from_raw_parts(w, words.len()),
+            BufferArg::from_raw_parts(gh, grid.len()),
             BufferArg::from_raw_parts(xh, x.len()),
             BufferArg::from_raw_parts(yh.clone(), m * rows),
         )
     };
-    launch_gemv(client, ty, wa, xa, ya, rows, cols, config)?;
+    launch_gemv(client, ty, wa, ga, xa, ya, rows, cols, config)?;
     let y = read_f32(client, yh)?;
     Ok(gemv_error_of(&y, x, reference, rows, cols))
 }
@@ -113,17 +118,20 @@ pub fn dequantize_error(
     let words = words_for_bytes(bytes);
     let ids: Vec<u32> = (0..rows as u32).collect();
     let w = client.create_from_slice(u32::as_bytes(&words));
+    let grid = grid_words(ty).ok_or(KernelError::Unsupported(ty))?;
+    let gh = client.create_from_slice(u32::as_bytes(&grid));
     let ih = client.create_from_slice(u32::as_bytes(&ids));
     let oh = client.empty(rows * cols * size_of::<f32>());
     // SAFETY: each length is that of the buffer just created.
-    let (wa, ia, oa) = unsafe {
+    let (wa, ga, ia, oa) = unsafe {
         (
             BufferArg::from_raw_parts(w, words.len()),
+            BufferArg::from_raw_parts(gh, grid.len()),
             BufferArg::from_raw_parts(ih, rows),
             BufferArg::from_raw_parts(oh.clone(), rows * cols),
         )
     };
-    launch_dequantize_rows(client, ty, wa, ia, oa, 0, rows, cols)?;
+    launch_dequantize_rows(client, ty, wa, ga, ia, oa, 0, rows, cols)?;
     let y = read_f32(client, oh)?;
     let scale = reference
         .iter()

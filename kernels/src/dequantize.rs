@@ -12,6 +12,7 @@ use cubecl::prelude::*;
 #[cube(launch_unchecked, create_dummy_kernel)]
 pub fn dequantize_rows<F: BlockDecode>(
     w: &[u32],
+    grid: &[u32],
     ids: &[u32],
     out: &mut [f32],
     row_start: u32,
@@ -34,7 +35,7 @@ pub fn dequantize_rows<F: BlockDecode>(
         if id >= row_start && id - row_start < part_rows {
             let b = c / chunks;
             let block = (id - row_start) * blocks * block_bytes + b * block_bytes;
-            F::decode_chunk(w, block, c % chunks, &mut vals);
+            F::decode_chunk(w, grid, block, c % chunks, &mut vals);
         } else {
             #[unroll]
             for j in 0..comptime!(CHUNK_ELEMS) {

@@ -24,13 +24,50 @@ pub trait BlockFormat: 'static + Send + Sync {
     const BLOCK_BYTES: u32;
     /// Chunks of [`CHUNK_ELEMS`] per block.
     const CHUNKS: u32 = Self::BLOCK_ELEMS / CHUNK_ELEMS;
+    /// The codebook the decoder reads from its grid buffer ([`Grid::None`] for most types).
+    const GRID: Grid = Grid::None;
+}
+
+/// A codebook (ggml-common.h `iq*_grid`) that a decoder reads from a small device buffer, the
+/// kernels' `grid` argument. The tables are `ggml_codec::grids`, the workspace's only copy.
+#[derive(Clone, Copy, Debug)]
+pub enum Grid {
+    /// No codebook: the kernels still bind a one-word buffer.
+    None,
+    /// `u64` entries of 8 byte values, uploaded as two little-endian words each.
+    U64(&'static [u64]),
+    /// `u32` entries, one word each.
+    U32(&'static [u32]),
+}
+
+impl Grid {
+    /// The buffer the kernels read, as `u32` words (one zero word for [`Grid::None`]).
+    pub fn words(self) -> Vec<u32> {
+        match self {
+            Grid::None => vec![0],
+            Grid::U64(t) => t
+                .iter()
+                .flat_map(|e| [*e as u32, (*e >> 32) as u32])
+                .collect(),
+            Grid::U32(t) => t.to_vec(),
+        }
+    }
+
+    /// Length of [`Grid::words`].
+    pub fn len_words(self) -> usize {
+        match self {
+            Grid::None => 1,
+            Grid::U64(t) => 2 * t.len(),
+            Grid::U32(t) => t.len(),
+        }
+    }
 }
 
 /// Decodes chunk `chunk` (0..CHUNKS) of the block starting at byte `block` of the word stream
-/// `w` into `out[0..32]`, in row order.
+/// `w` into `out[0..32]`, in row order. `grid` is [`BlockFormat::GRID`] as words.
 #[cube]
 pub trait BlockDecode: BlockFormat {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>);
+    fn decode_chunk(w: &[u32], grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>);
 }
 
 /// `F32`: 32 little-endian f32 per pseudo-block (128 bytes, always word aligned).
@@ -42,7 +79,7 @@ impl BlockFormat for F32 {
 }
 #[cube]
 impl BlockDecode for F32 {
-    fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let base = block / 4;
         #[unroll]
         for j in 0..32u32 {
@@ -60,7 +97,7 @@ impl BlockFormat for F16 {
 }
 #[cube]
 impl BlockDecode for F16 {
-    fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let base = block / 4;
         #[unroll]
         for k in 0..16u32 {
@@ -80,7 +117,7 @@ impl BlockFormat for BF16 {
 }
 #[cube]
 impl BlockDecode for BF16 {
-    fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let base = block / 4;
         #[unroll]
         for k in 0..16u32 {
@@ -100,7 +137,7 @@ impl BlockFormat for Q8_0 {
 }
 #[cube]
 impl BlockDecode for Q8_0 {
-    fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
         #[unroll]
         for k in 0..8u32 {
@@ -124,7 +161,7 @@ impl BlockFormat for Q5_0 {
 }
 #[cube]
 impl BlockDecode for Q5_0 {
-    fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
         let qh = read_u32(w, block + 2);
         #[unroll]
@@ -169,7 +206,7 @@ impl BlockFormat for Q4K {
 }
 #[cube]
 impl BlockDecode for Q4K {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let dm = read_u32(w, block);
         let d = f16_to_f32(dm & 0xFFFF);
         let dmin = f16_to_f32(dm >> 16);
@@ -202,7 +239,7 @@ impl BlockFormat for Q6K {
 }
 #[cube]
 impl BlockDecode for Q6K {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let n = chunk / 4;
         let q = chunk % 4;
         let d = f16_to_f32(read_u16(w, block + 208));
@@ -238,7 +275,7 @@ impl BlockFormat for Q4_0 {
 }
 #[cube]
 impl BlockDecode for Q4_0 {
-    fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
         #[unroll]
         for k in 0..4u32 {
@@ -263,7 +300,7 @@ impl BlockFormat for Q4_1 {
 }
 #[cube]
 impl BlockDecode for Q4_1 {
-    fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let dm = read_u32(w, block);
         let d = f16_to_f32(dm & 0xFFFF);
         let m = f16_to_f32(dm >> 16);
@@ -290,7 +327,7 @@ impl BlockFormat for Q5_1 {
 }
 #[cube]
 impl BlockDecode for Q5_1 {
-    fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let dm = read_u32(w, block);
         let d = f16_to_f32(dm & 0xFFFF);
         let m = f16_to_f32(dm >> 16);
@@ -323,7 +360,7 @@ impl BlockFormat for Q2K {
 }
 #[cube]
 impl BlockDecode for Q2K {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let n = chunk / 4;
         let shift = 2 * (chunk % 4);
         let d = f16_to_f32(read_u16(w, block + 80));
@@ -373,7 +410,7 @@ fn q3k_scale(w: &[u32], scales: u32, k: u32) -> f32 {
 
 #[cube]
 impl BlockDecode for Q3K {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let n = chunk / 4;
         let j = chunk % 4;
         let d = f16_to_f32(read_u16(w, block + 108));
@@ -406,7 +443,7 @@ impl BlockFormat for Q5K {
 }
 #[cube]
 impl BlockDecode for Q5K {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let dm = read_u32(w, block);
         let d = f16_to_f32(dm & 0xFFFF);
         let dmin = f16_to_f32(dm >> 16);
@@ -505,7 +542,7 @@ impl BlockFormat for TQ2_0 {
 }
 #[cube]
 impl BlockDecode for TQ2_0 {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block + 64));
         let qs = block + 32 * (chunk / 4);
         let shift = 2 * (chunk % 4);
@@ -540,7 +577,7 @@ impl BlockFormat for TQ1_0 {
 }
 #[cube]
 impl BlockDecode for TQ1_0 {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block + 52));
         let lo = chunk < 5;
         // 0, 1, 2 for chunks 5, 6, 7 (unused below 5).
@@ -576,7 +613,7 @@ impl BlockFormat for IQ4NL {
 }
 #[cube]
 impl BlockDecode for IQ4NL {
-    fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
         iq4_nibbles(w, block + 2, d, out);
     }
@@ -610,7 +647,7 @@ impl BlockFormat for IQ4XS {
 }
 #[cube]
 impl BlockDecode for IQ4XS {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let dh = read_u32(w, block);
         let d = f16_to_f32(dh & 0xFFFF);
         let scales_h = dh >> 16;
@@ -632,7 +669,7 @@ impl BlockFormat for MXFP4 {
 }
 #[cube]
 impl BlockDecode for MXFP4 {
-    fn decode_chunk(w: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = e8m0_to_f32_half(read_u8(w, block));
         #[unroll]
         for k in 0..4u32 {
@@ -659,7 +696,7 @@ impl BlockFormat for NVFP4 {
 }
 #[cube]
 impl BlockDecode for NVFP4 {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let scales = read_u16(w, block + 2 * chunk);
         let qs = block + 4 + 16 * chunk;
         #[unroll]
@@ -689,7 +726,7 @@ impl BlockFormat for Q1_0 {
 }
 #[cube]
 impl BlockDecode for Q1_0 {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
         let neg_d = -d;
         let bits = read_u32(w, block + 2 + 4 * chunk);
@@ -710,7 +747,7 @@ impl BlockFormat for Q2_0 {
 }
 #[cube]
 impl BlockDecode for Q2_0 {
-    fn decode_chunk(w: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+    fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
         #[unroll]
         for k in 0..2u32 {
@@ -720,6 +757,292 @@ impl BlockDecode for Q2_0 {
                 let q = (word >> (2 * j)) & 3;
                 out[(16 * k + j) as usize] = (f32::cast_from(q) - 1.0) * d;
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Codebook (IQ) types. Every one has 8 sub-blocks of 32 per 256-element super-block, so chunk
+// `c` is sub-block `ib = c`; a sub-block is 4 groups of 8 values, each group an entry of the
+// type's grid (or two 4-value entries for the IQ3 types) with 8 sign bits. The grid comes from
+// the kernels' `grid` buffer ([`Grid`]); the math and its order of operations follow
+// `dequantize_row_iq*` of ggml-quants.c, so results are bit-exact.
+// ---------------------------------------------------------------------------------------------
+
+/// ggml's `ksigns_iq2xs[i]` for a 7-bit `i`: `i` plus bit 7 set when `i` has an odd number of set
+/// bits (so every group has an even number of minus signs).
+#[cube]
+pub fn ksigns_iq2xs(i: u32) -> u32 {
+    let mut p = i ^ (i >> 4);
+    p ^= p >> 2;
+    p ^= p >> 1;
+    i | ((p & 1) << 7)
+}
+
+/// One 8-value group: values `0..4` are the bytes of `g0`, `4..8` those of `g1`, each
+/// `db * value`, negated where bit `j` of `signs` is set; written to `out[base..base + 8]`.
+#[cube]
+fn signed_group8(g0: u32, g1: u32, signs: u32, db: f32, out: &mut Array<f32>, base: u32) {
+    #[unroll]
+    for j in 0..4u32 {
+        let v0 = db * f32::cast_from((g0 >> (8 * j)) & 0xFF);
+        let v1 = db * f32::cast_from((g1 >> (8 * j)) & 0xFF);
+        out[(base + j) as usize] = select(((signs >> j) & 1) != 0, -v0, v0);
+        out[(base + j + 4) as usize] = select(((signs >> (j + 4)) & 1) != 0, -v1, v1);
+    }
+}
+
+/// The 8 values of a u64 grid entry `idx` (two words in `grid`), signed and scaled.
+#[cube]
+fn grid64_group8(grid: &[u32], idx: u32, signs: u32, db: f32, out: &mut Array<f32>, base: u32) {
+    signed_group8(
+        grid[(2 * idx) as usize],
+        grid[(2 * idx + 1) as usize],
+        signs,
+        db,
+        out,
+        base,
+    );
+}
+
+/// `IQ2_XXS`, llama.cpp `block_iq2_xxs { ggml_half d; uint16_t qs[32]; }` (66 bytes): sub-block
+/// `ib` is two u32 `a0, a1` at `qs + 8ib`; byte `l` of `a0` indexes `iq2xxs_grid` for group `l`,
+/// bits `7l..7l + 7` of `a1` index `ksigns_iq2xs`, `a1 >> 28` is the scale:
+/// `y = d * (0.5 + s) * 0.25 * grid * sign`.
+pub struct IQ2XXS;
+impl BlockFormat for IQ2XXS {
+    const TYPE: GgmlType = GgmlType::IQ2_XXS;
+    const BLOCK_ELEMS: u32 = 256;
+    const BLOCK_BYTES: u32 = 66;
+    const GRID: Grid = Grid::U64(&ggml_codec::grids::iq2xxs_grid);
+}
+#[cube]
+impl BlockDecode for IQ2XXS {
+    fn decode_chunk(w: &[u32], grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+        let d = f16_to_f32(read_u16(w, block));
+        let a0 = read_u32(w, block + 2 + 8 * chunk);
+        let a1 = read_u32(w, block + 6 + 8 * chunk);
+        let db = d * (0.5 + f32::cast_from(a1 >> 28)) * 0.25;
+        #[unroll]
+        for l in 0..4u32 {
+            let signs = ksigns_iq2xs((a1 >> (7 * l)) & 127);
+            grid64_group8(grid, (a0 >> (8 * l)) & 0xFF, signs, db, out, 8 * l);
+        }
+    }
+}
+
+/// `IQ2_XS`, llama.cpp `block_iq2_xs { ggml_half d; uint16_t qs[32]; uint8_t scales[8]; }`
+/// (74 bytes): `qs[4ib + l]` has the `iq2xs_grid` index in bits 0..9 and the `ksigns_iq2xs` index
+/// in bits 9..16; groups 0-1 and 2-3 use the low and high nibble of `scales[ib]`:
+/// `y = d * (0.5 + s) * 0.25 * grid * sign`.
+pub struct IQ2XS;
+impl BlockFormat for IQ2XS {
+    const TYPE: GgmlType = GgmlType::IQ2_XS;
+    const BLOCK_ELEMS: u32 = 256;
+    const BLOCK_BYTES: u32 = 74;
+    const GRID: Grid = Grid::U64(&ggml_codec::grids::iq2xs_grid);
+}
+#[cube]
+impl BlockDecode for IQ2XS {
+    fn decode_chunk(w: &[u32], grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+        let d = f16_to_f32(read_u16(w, block));
+        let sc = read_u8(w, block + 66 + chunk);
+        let db0 = d * (0.5 + f32::cast_from(sc & 0x0F)) * 0.25;
+        let db1 = d * (0.5 + f32::cast_from(sc >> 4)) * 0.25;
+        #[unroll]
+        for h in 0..2u32 {
+            let pair = read_u32(w, block + 2 + 8 * chunk + 4 * h);
+            let db = select(h == 0, db0, db1);
+            #[unroll]
+            for i in 0..2u32 {
+                let q = (pair >> (16 * i)) & 0xFFFF;
+                grid64_group8(
+                    grid,
+                    q & 511,
+                    ksigns_iq2xs(q >> 9),
+                    db,
+                    out,
+                    8 * (2 * h + i),
+                );
+            }
+        }
+    }
+}
+
+/// `IQ2_S`, llama.cpp `block_iq2_s { ggml_half d; uint8_t qs[64]; uint8_t qh[8];
+/// uint8_t scales[8]; }` (82 bytes): group `l` of sub-block `ib` indexes `iq2s_grid` with
+/// `qs[4ib + l] | ((qh[ib] >> 2l) & 3) << 8`, takes its signs from `qs[32 + 4ib + l]`, and the
+/// scale in nibble `l / 2` of `scales[ib]`: `y = d * (0.5 + s) * 0.25 * grid * sign`.
+pub struct IQ2S;
+impl BlockFormat for IQ2S {
+    const TYPE: GgmlType = GgmlType::IQ2_S;
+    const BLOCK_ELEMS: u32 = 256;
+    const BLOCK_BYTES: u32 = 82;
+    const GRID: Grid = Grid::U64(&ggml_codec::grids::iq2s_grid);
+}
+#[cube]
+impl BlockDecode for IQ2S {
+    fn decode_chunk(w: &[u32], grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+        let d = f16_to_f32(read_u16(w, block));
+        let sc = read_u8(w, block + 74 + chunk);
+        let db0 = d * (0.5 + f32::cast_from(sc & 0x0F)) * 0.25;
+        let db1 = d * (0.5 + f32::cast_from(sc >> 4)) * 0.25;
+        let qs = read_u32(w, block + 2 + 4 * chunk);
+        let signs = read_u32(w, block + 34 + 4 * chunk);
+        let qh = read_u8(w, block + 66 + chunk);
+        #[unroll]
+        for l in 0..4u32 {
+            let idx = ((qs >> (8 * l)) & 0xFF) | ((qh << (8 - 2 * l)) & 0x300);
+            let db = select(l < 2, db0, db1);
+            grid64_group8(grid, idx, (signs >> (8 * l)) & 0xFF, db, out, 8 * l);
+        }
+    }
+}
+
+/// `IQ3_XXS`, llama.cpp `block_iq3_xxs { ggml_half d; uint8_t qs[3 * QK_K / 8]; }` (98 bytes):
+/// `qs[8ib..8ib + 8]` index `iq3xxs_grid` (4 values each, two per group); the u32 at
+/// `qs + 64 + 4ib` has the `ksigns_iq2xs` index of group `l` in bits `7l..7l + 7` and the scale in
+/// its top 4 bits: `y = d * (0.5 + s) * 0.5 * grid * sign`.
+pub struct IQ3XXS;
+impl BlockFormat for IQ3XXS {
+    const TYPE: GgmlType = GgmlType::IQ3_XXS;
+    const BLOCK_ELEMS: u32 = 256;
+    const BLOCK_BYTES: u32 = 98;
+    const GRID: Grid = Grid::U32(&ggml_codec::grids::iq3xxs_grid);
+}
+#[cube]
+impl BlockDecode for IQ3XXS {
+    fn decode_chunk(w: &[u32], grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+        let d = f16_to_f32(read_u16(w, block));
+        let aux = read_u32(w, block + 66 + 4 * chunk);
+        let db = d * (0.5 + f32::cast_from(aux >> 28)) * 0.5;
+        #[unroll]
+        for h in 0..2u32 {
+            let q = read_u32(w, block + 2 + 8 * chunk + 4 * h);
+            #[unroll]
+            for i in 0..2u32 {
+                let l = 2 * h + i;
+                let g0 = grid[((q >> (16 * i)) & 0xFF) as usize];
+                let g1 = grid[((q >> (16 * i + 8)) & 0xFF) as usize];
+                let signs = ksigns_iq2xs((aux >> (7 * l)) & 127);
+                signed_group8(g0, g1, signs, db, out, 8 * l);
+            }
+        }
+    }
+}
+
+/// `IQ3_S`, llama.cpp `block_iq3_s { ggml_half d; uint8_t qs[64]; uint8_t qh[8];
+/// uint8_t signs[32]; uint8_t scales[4]; }` (110 bytes): each `qs` byte plus one bit of `qh[ib]`
+/// indexes `iq3s_grid` (4 values); `signs[4ib + l]` has group `l`'s sign bits; sub-block `ib`
+/// takes nibble `ib % 2` of `scales[ib / 2]`: `y = d * (1 + 2s) * grid * sign`.
+pub struct IQ3S;
+impl BlockFormat for IQ3S {
+    const TYPE: GgmlType = GgmlType::IQ3_S;
+    const BLOCK_ELEMS: u32 = 256;
+    const BLOCK_BYTES: u32 = 110;
+    const GRID: Grid = Grid::U32(&ggml_codec::grids::iq3s_grid);
+}
+#[cube]
+impl BlockDecode for IQ3S {
+    fn decode_chunk(w: &[u32], grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+        let d = f16_to_f32(read_u16(w, block));
+        let sc = (read_u8(w, block + 106 + chunk / 2) >> (4 * (chunk % 2))) & 0x0F;
+        let db = d * f32::cast_from(1 + 2 * sc);
+        let qh = read_u8(w, block + 66 + chunk);
+        let signs = read_u32(w, block + 74 + 4 * chunk);
+        #[unroll]
+        for h in 0..2u32 {
+            let q = read_u32(w, block + 2 + 8 * chunk + 4 * h);
+            #[unroll]
+            for i in 0..2u32 {
+                let l = 2 * h + i;
+                let i0 = ((q >> (16 * i)) & 0xFF) | ((qh << (8 - 2 * l)) & 256);
+                let i1 = ((q >> (16 * i + 8)) & 0xFF) | ((qh << (7 - 2 * l)) & 256);
+                let (g0, g1) = (grid[i0 as usize], grid[i1 as usize]);
+                signed_group8(g0, g1, (signs >> (8 * l)) & 0xFF, db, out, 8 * l);
+            }
+        }
+    }
+}
+
+/// One IQ1 group from `iq1s_grid_gpu` entry `g` (value `j < 4` in the low nibble of byte `j`,
+/// `j + 4` in its high nibble, each stored plus one): `y = dl * (value + delta)`.
+#[cube]
+fn iq1_group8(g: u32, dl: f32, delta: f32, out: &mut Array<f32>, base: u32) {
+    #[unroll]
+    for j in 0..4u32 {
+        let lo = f32::cast_from((g >> (8 * j)) & 0x0F) - 1.0;
+        let hi = f32::cast_from((g >> (8 * j + 4)) & 0x0F) - 1.0;
+        out[(base + j) as usize] = dl * (lo + delta);
+        out[(base + j + 4) as usize] = dl * (hi + delta);
+    }
+}
+
+/// `IQ1S_DELTA` (= `IQ1M_DELTA`, ggml-common.h).
+const IQ1_DELTA: f32 = ggml_codec::blocks::IQ1S_DELTA;
+
+/// `IQ1_S`, llama.cpp `block_iq1_s { ggml_half d; uint8_t qs[32]; uint16_t qh[8]; }` (50 bytes):
+/// group `l` of sub-block `ib` indexes `iq1s_grid` with `qs[4ib + l] | ((qh[ib] >> 3l) & 7) << 8`;
+/// bits 12..15 of `qh[ib]` are the scale and bit 15 the delta's sign:
+/// `y = d * (2s + 1) * (grid ± IQ1S_DELTA)`.
+pub struct IQ1S;
+impl BlockFormat for IQ1S {
+    const TYPE: GgmlType = GgmlType::IQ1_S;
+    const BLOCK_ELEMS: u32 = 256;
+    const BLOCK_BYTES: u32 = 50;
+    const GRID: Grid = Grid::U32(&ggml_codec::grids::iq1s_grid_gpu);
+}
+#[cube]
+impl BlockDecode for IQ1S {
+    fn decode_chunk(w: &[u32], grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+        let d = f16_to_f32(read_u16(w, block));
+        let qh = read_u16(w, block + 34 + 2 * chunk);
+        let dl = d * f32::cast_from(2 * ((qh >> 12) & 7) + 1);
+        let delta = select((qh & 0x8000) != 0, -IQ1_DELTA, IQ1_DELTA);
+        let qs = read_u32(w, block + 2 + 4 * chunk);
+        #[unroll]
+        for l in 0..4u32 {
+            let idx = ((qs >> (8 * l)) & 0xFF) | (((qh >> (3 * l)) & 7) << 8);
+            iq1_group8(grid[idx as usize], dl, delta, out, 8 * l);
+        }
+    }
+}
+
+/// `IQ1_M`, llama.cpp `block_iq1_m { uint8_t qs[32]; uint8_t qh[16]; uint8_t scales[8]; }`
+/// (56 bytes): `scales` is 4 u16 `sc` whose top nibbles make the fp16 `d`; sub-block `ib` has
+/// 3-bit scales at bits `6 (ib % 2)` (groups 0-1) and `+ 3` (groups 2-3) of `sc[ib / 2]`. Group
+/// `l` indexes `iq1s_grid` with `qs[4ib + l]` plus 3 high bits from nibble `l % 2` of
+/// `qh[2ib + l / 2]`, whose bit 3 is the delta's sign: `y = d * (2s + 1) * (grid ± IQ1M_DELTA)`.
+pub struct IQ1M;
+impl BlockFormat for IQ1M {
+    const TYPE: GgmlType = GgmlType::IQ1_M;
+    const BLOCK_ELEMS: u32 = 256;
+    const BLOCK_BYTES: u32 = 56;
+    const GRID: Grid = Grid::U32(&ggml_codec::grids::iq1s_grid_gpu);
+}
+#[cube]
+impl BlockDecode for IQ1M {
+    fn decode_chunk(w: &[u32], grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
+        let s01 = read_u32(w, block + 48);
+        let s23 = read_u32(w, block + 52);
+        let bits = ((s01 >> 12) & 0x000F)
+            | ((s01 >> 24) & 0x00F0)
+            | ((s23 >> 4) & 0x0F00)
+            | ((s23 >> 16) & 0xF000);
+        let d = f16_to_f32(bits);
+        let sc = select(chunk < 4, s01, s23) >> (16 * ((chunk / 2) % 2) + 6 * (chunk % 2));
+        let dl1 = d * f32::cast_from(2 * (sc & 7) + 1);
+        let dl2 = d * f32::cast_from(2 * ((sc >> 3) & 7) + 1);
+        let qs = read_u32(w, block + 4 * chunk);
+        let qh = read_u16(w, block + 32 + 2 * chunk);
+        #[unroll]
+        for l in 0..4u32 {
+            let h = (qh >> (8 * (l / 2))) & 0xFF;
+            let idx = ((qs >> (8 * l)) & 0xFF) | ((h << (8 - 4 * (l % 2))) & 0x700);
+            let dl = select(l < 2, dl1, dl2);
+            let neg = (h & (0x08u32 << (4 * (l % 2)))) != 0;
+            let delta = select(neg, -IQ1_DELTA, IQ1_DELTA);
+            iq1_group8(grid[idx as usize], dl, delta, out, 8 * l);
         }
     }
 }

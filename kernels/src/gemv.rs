@@ -12,10 +12,11 @@ use crate::formats::{BlockDecode, CHUNK_ELEMS};
 use cubecl::prelude::*;
 
 /// The GEMV kernel. `x` is `[m, cols]` row-major f32, `y` is `[m, rows]`, `w` holds `rows`
-/// rows of `cols / BLOCK_ELEMS` blocks each, plus one padding word.
+/// rows of `cols / BLOCK_ELEMS` blocks each, plus one padding word; `grid` is the type's codebook.
 #[cube(launch_unchecked, create_dummy_kernel)]
 pub fn gemv<F: BlockDecode>(
     w: &[u32],
+    grid: &[u32],
     x: &[f32],
     y: &mut [f32],
     rows: u32,
@@ -46,7 +47,7 @@ pub fn gemv<F: BlockDecode>(
     while c < n_chunks {
         let b = c / chunks;
         let k = c % chunks;
-        F::decode_chunk(w, row_byte + b * block_bytes, k, &mut vals);
+        F::decode_chunk(w, grid, row_byte + b * block_bytes, k, &mut vals);
         let xb = b * block_elems + k * comptime!(CHUNK_ELEMS);
         #[unroll]
         for r in 0..m {

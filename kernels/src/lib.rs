@@ -20,8 +20,8 @@ use cubecl::client::Client;
 use cubecl::features::Plane;
 use cubecl::prelude::*;
 use formats::{
-    BF16, BlockFormat, F16, F32, IQ4NL, IQ4XS, MXFP4, NVFP4, Q1_0, Q2_0, Q2K, Q3K, Q4_0, Q4_1, Q4K,
-    Q5_0, Q5_1, Q5K, Q6K, Q8_0, TQ1_0, TQ2_0,
+    BF16, BlockFormat, F16, F32, IQ1M, IQ1S, IQ2S, IQ2XS, IQ2XXS, IQ3S, IQ3XXS, IQ4NL, IQ4XS,
+    MXFP4, NVFP4, Q1_0, Q2_0, Q2K, Q3K, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0, TQ1_0, TQ2_0,
 };
 use gguf::GgmlType;
 
@@ -113,6 +113,34 @@ macro_rules! with_format {
                 type $F = Q2_0;
                 $body
             }
+            GgmlType::IQ2_XXS => {
+                type $F = IQ2XXS;
+                $body
+            }
+            GgmlType::IQ2_XS => {
+                type $F = IQ2XS;
+                $body
+            }
+            GgmlType::IQ2_S => {
+                type $F = IQ2S;
+                $body
+            }
+            GgmlType::IQ3_XXS => {
+                type $F = IQ3XXS;
+                $body
+            }
+            GgmlType::IQ3_S => {
+                type $F = IQ3S;
+                $body
+            }
+            GgmlType::IQ1_S => {
+                type $F = IQ1S;
+                $body
+            }
+            GgmlType::IQ1_M => {
+                type $F = IQ1M;
+                $body
+            }
             _ => $none,
         }
     };
@@ -142,6 +170,13 @@ pub fn supports(ty: GgmlType) -> bool {
 /// a row must be a multiple of this long.
 pub fn kernel_block_elems(ty: GgmlType) -> Option<usize> {
     with_format!(ty, F => Some(F::BLOCK_ELEMS as usize), None)
+}
+
+/// The codebook buffer the kernels of `ty` read (`grid` argument of every launch): the type's
+/// `ggml_codec::grids` table as words, or one zero word for types without one; `None` when no
+/// kernel decodes `ty`. Upload it once per device and type and share it between tensors.
+pub fn grid_words(ty: GgmlType) -> Option<Vec<u32>> {
+    with_format!(ty, F => Some(F::GRID.words()), None)
 }
 
 /// Packs a tensor's raw bytes into little-endian `u32` words, zero-padded to whole words plus
@@ -257,6 +292,20 @@ fn row_bytes(op: &'static str, ty: GgmlType, cols: usize) -> Result<usize, Kerne
     Ok(cols / be * bb)
 }
 
+fn check_grid(op: &'static str, ty: GgmlType, grid: &BufferArg) -> Result<(), KernelError> {
+    let need = with_format!(ty, F => F::GRID.len_words(), 0);
+    if grid.len() < need {
+        return Err(shape_err(
+            op,
+            format!(
+                "grid buffer has {} words, {ty} needs {need} (see grid_words)",
+                grid.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn check_words(
     op: &'static str,
     w: &BufferArg,
@@ -286,8 +335,8 @@ fn check_words(
 }
 
 /// `y[r, n] = sum_k x[r, k] * W[n, k]` for `m = x.len() / cols` activation rows
-/// (`1..=MAX_GEMV_ROWS`). `w`: `rows` rows of `cols` elements of `ty` as words; `x`: `[m, cols]`
-/// f32; `y`: `[m, rows]` f32.
+/// (`1..=MAX_GEMV_ROWS`). `w`: `rows` rows of `cols` elements of `ty` as words; `grid`:
+/// [`grid_words`] of `ty`; `x`: `[m, cols]` f32; `y`: `[m, rows]` f32.
 ///
 /// # Errors
 /// Unsupported type, `cols` not a multiple of the type's block, `m` out of range, or a buffer
@@ -297,6 +346,7 @@ pub fn launch_gemv(
     client: &Client,
     ty: GgmlType,
     w: BufferArg,
+    grid: BufferArg,
     x: BufferArg,
     y: BufferArg,
     rows: usize,
@@ -306,6 +356,7 @@ pub fn launch_gemv(
     const OP: &str = "gemv";
     let rb = row_bytes(OP, ty, cols)?;
     check_words(OP, &w, rows, rb)?;
+    check_grid(OP, ty, &grid)?;
     let m = x.len() / cols;
     if m == 0 || m > MAX_GEMV_ROWS || x.len() != m * cols {
         return Err(shape_err(
@@ -331,10 +382,11 @@ pub fn launch_gemv(
     let dim = CubeDim::new_2d(config.lanes, config.rows_per_cube);
     with_format!(ty, F => {
         // SAFETY: every index the kernel forms is below the lengths checked above: chunk reads stay
-        // inside `rows * row_bytes` bytes (+1 padding word), x reads below m * cols, writes below m * rows.
+        // inside `rows * row_bytes` bytes (+1 padding word), grid reads below the table's length
+        // (indices are masked to its size), x reads below m * cols, writes below m * rows.
         unsafe {
             gemv::gemv::launch_unchecked::<F>(
-                client, count, dim, w, x, y, rows as u32, cols as u32, m as u32,
+                client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32,
                 config.lanes, config.rows_per_cube, config.plane,
             )
         };
@@ -344,7 +396,7 @@ pub fn launch_gemv(
 
 /// `out[t, :] = W[ids[t] - row_start, :]` dequantized to f32 when `ids[t]` lies in
 /// `[row_start, row_start + rows)`, zeros otherwise. `w`: `rows` rows of `cols` elements of
-/// `ty`; `ids`: u32; `out`: `[ids.len(), cols]` f32.
+/// `ty`; `grid`: [`grid_words`] of `ty`; `ids`: u32; `out`: `[ids.len(), cols]` f32.
 ///
 /// # Errors
 /// Unsupported type, `cols` not a multiple of the type's block, or buffers shorter than needed.
@@ -353,6 +405,7 @@ pub fn launch_dequantize_rows(
     client: &Client,
     ty: GgmlType,
     w: BufferArg,
+    grid: BufferArg,
     ids: BufferArg,
     out: BufferArg,
     row_start: usize,
@@ -362,6 +415,7 @@ pub fn launch_dequantize_rows(
     const OP: &str = "dequantize_rows";
     let rb = row_bytes(OP, ty, cols)?;
     check_words(OP, &w, rows, rb)?;
+    check_grid(OP, ty, &grid)?;
     let n = ids.len();
     let total = n.checked_mul(cols).filter(|t| *t <= u32::MAX as usize);
     if total.is_none_or(|t| out.len() < t)
@@ -384,7 +438,7 @@ pub fn launch_dequantize_rows(
         // lie in `w`; writes are below n * cols <= out.len().
         unsafe {
             dequantize::dequantize_rows::launch_unchecked::<F>(
-                client, count, CubeDim::new_1d(per_cube), w, ids, out,
+                client, count, CubeDim::new_1d(per_cube), w, grid, ids, out,
                 row_start as u32, rows as u32, cols as u32,
             )
         };

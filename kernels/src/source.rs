@@ -1,9 +1,5 @@
 //! Kernel sources: each variant compiled to WGSL without launching it (`cargo xtask kernel-gen`).
-use crate::formats::BlockFormat;
-use crate::formats::{
-    BF16, F16, F32, IQ4NL, IQ4XS, MXFP4, NVFP4, Q1_0, Q2_0, Q2K, Q3K, Q4_0, Q4_1, Q4K, Q5_0, Q5_1,
-    Q5K, Q6K, Q8_0, TQ1_0, TQ2_0,
-};
+use crate::formats::*;
 use crate::{GemvConfig, KernelError, dequantize, gemv, with_format};
 use cubecl::client::Client;
 use cubecl::prelude::*;
@@ -36,10 +32,10 @@ pub fn wgsl(client: &Client, ty: GgmlType, variant: Variant) -> Result<String, K
         let definition = match variant {
             Variant::Gemv { config, m } => gemv::gemv::create_dummy_kernel::<F>(
                 props, target, one, CubeDim::new_2d(config.lanes, config.rows_per_cube),
-                arg(), arg(), arg(), 1u32, F::BLOCK_ELEMS, m, config.lanes, config.rows_per_cube, config.plane,
+                arg(), arg(), arg(), arg(), 1u32, F::BLOCK_ELEMS, m, config.lanes, config.rows_per_cube, config.plane,
             ).define(),
             Variant::DequantizeRows => dequantize::dequantize_rows::create_dummy_kernel::<F>(
-                props, target, one, CubeDim::new_1d(64), arg(), arg(), arg(), 0u32, 1u32, F::BLOCK_ELEMS,
+                props, target, one, CubeDim::new_1d(64), arg(), arg(), arg(), arg(), 0u32, 1u32, F::BLOCK_ELEMS,
             ).define(),
         };
         cubecl::wgpu::WgslCompiler

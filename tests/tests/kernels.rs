@@ -194,6 +194,41 @@ fn q2_0_kernels() {
     check_fixture(GgmlType::Q2_0, &fixture("Q2_0"));
 }
 
+#[test]
+fn iq1_s_kernels() {
+    check_fixture(GgmlType::IQ1_S, &fixture("IQ1_S"));
+}
+
+#[test]
+fn iq1_m_kernels() {
+    check_fixture(GgmlType::IQ1_M, &fixture("IQ1_M"));
+}
+
+#[test]
+fn iq2_xxs_kernels() {
+    check_fixture(GgmlType::IQ2_XXS, &fixture("IQ2_XXS"));
+}
+
+#[test]
+fn iq2_xs_kernels() {
+    check_fixture(GgmlType::IQ2_XS, &fixture("IQ2_XS"));
+}
+
+#[test]
+fn iq2_s_kernels() {
+    check_fixture(GgmlType::IQ2_S, &fixture("IQ2_S"));
+}
+
+#[test]
+fn iq3_xxs_kernels() {
+    check_fixture(GgmlType::IQ3_XXS, &fixture("IQ3_XXS"));
+}
+
+#[test]
+fn iq3_s_kernels() {
+    check_fixture(GgmlType::IQ3_S, &fixture("IQ3_S"));
+}
+
 /// Every E8M0 (MXFP4) and UE4M3 (NVFP4) scale byte, subnormals, zeros, `0x7F` and bit 7
 /// included, with every nibble: the dequantize op matches the codec bit for bit.
 #[test]
@@ -230,8 +265,8 @@ fn assert_dequantize_bit_exact(ty: GgmlType, bytes: &[u8], rows: usize) {
     }
 }
 
-/// The ternary, non-linear 4-bit and 1/2-bit decoders repeat the codec's f32 operations, so
-/// their dequantization of llama.cpp's fixture blocks is bit-exact.
+/// The ternary, codebook (IQ) and 1/2-bit decoders repeat the codec's f32 operations, so their
+/// dequantization of llama.cpp's fixture blocks is bit-exact.
 #[test]
 fn bit_exact_decoders_on_fixtures() {
     for ty in [
@@ -243,6 +278,13 @@ fn bit_exact_decoders_on_fixtures() {
         GgmlType::NVFP4,
         GgmlType::Q1_0,
         GgmlType::Q2_0,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
     ] {
         assert_dequantize_bit_exact(ty, &fixture(ty.name()), 128);
     }

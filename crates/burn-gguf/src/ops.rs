@@ -2,7 +2,8 @@
 //!
 //! Implemented for every CubeCL runtime (`CubeBackend`) and, lazily, for `Fusion<CubeBackend>`
 //! (Burn's default wgpu backend), so an op's output feeds fused Burn ops directly. The weights are
-//! an `Int` tensor of dtype `U32` holding a ggml tensor's raw blocks ([`ggml_kernels::words_for_bytes`]).
+//! an `Int` tensor of dtype `U32` holding a ggml tensor's raw blocks ([`ggml_kernels::words_for_bytes`]);
+//! `grid` is the type's codebook, also `U32` ([`ggml_kernels::grid_words`]).
 use burn::backend::backend_extension;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::wgpu::{CubeBackend, CubeTensor};
@@ -21,6 +22,7 @@ pub trait GgmlOps: burn::backend::Backend {
     })]
     fn ggml_gemv(
         w: IntTensor<Self>,
+        grid: IntTensor<Self>,
         x: FloatTensor<Self>,
         ggml_type: GgmlType,
         rows: usize,
@@ -34,6 +36,7 @@ pub trait GgmlOps: burn::backend::Backend {
     })]
     fn ggml_dequantize_rows(
         w: IntTensor<Self>,
+        grid: IntTensor<Self>,
         ids: IntTensor<Self>,
         ggml_type: GgmlType,
         row_start: usize,
@@ -51,12 +54,14 @@ fn empty_f32(like: &CubeTensor, shape: Shape) -> CubeTensor {
 impl GgmlOps for CubeBackend {
     fn ggml_gemv(
         w: CubeTensor,
+        grid: CubeTensor,
         x: CubeTensor,
         ggml_type: GgmlType,
         rows: usize,
         cols: usize,
     ) -> CubeTensor {
         assert_eq!(w.dtype, DType::U32, "ggml weights must be a U32 tensor");
+        assert_eq!(grid.dtype, DType::U32, "a ggml grid must be a U32 tensor");
         assert_eq!(x.dtype, DType::F32, "ggml_gemv takes f32 activations");
         let x = burn_cubecl::kernel::into_contiguous(x);
         let m = x.meta.shape().num_elements() / cols.max(1);
@@ -67,6 +72,7 @@ impl GgmlOps for CubeBackend {
             &client,
             ggml_type,
             w.into_buffer_arg(),
+            grid.into_buffer_arg(),
             x.into_buffer_arg(),
             y.clone().into_buffer_arg(),
             rows,
@@ -79,6 +85,7 @@ impl GgmlOps for CubeBackend {
 
     fn ggml_dequantize_rows(
         w: CubeTensor,
+        grid: CubeTensor,
         ids: CubeTensor,
         ggml_type: GgmlType,
         row_start: usize,
@@ -86,6 +93,7 @@ impl GgmlOps for CubeBackend {
         cols: usize,
     ) -> CubeTensor {
         assert_eq!(w.dtype, DType::U32, "ggml weights must be a U32 tensor");
+        assert_eq!(grid.dtype, DType::U32, "a ggml grid must be a U32 tensor");
         assert_eq!(ids.dtype, DType::U32, "ids must be a U32 tensor");
         let ids = burn_cubecl::kernel::into_contiguous(ids);
         let n = ids.meta.shape().num_elements();
@@ -95,6 +103,7 @@ impl GgmlOps for CubeBackend {
             &client,
             ggml_type,
             w.into_buffer_arg(),
+            grid.into_buffer_arg(),
             ids.into_buffer_arg(),
             out.clone().into_buffer_arg(),
             row_start,

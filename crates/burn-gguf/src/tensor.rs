@@ -3,8 +3,9 @@ use crate::Error;
 use crate::ops::GgmlOps;
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use ggml_kernels::{MAX_GEMV_ROWS, kernel_block_elems, words_for_bytes, words_len};
+use ggml_kernels::{MAX_GEMV_ROWS, grid_words, kernel_block_elems, words_for_bytes, words_len};
 use gguf::GgmlType;
+use std::sync::Mutex;
 
 /// Largest f32 scratch one prefill chunk dequantizes (bytes), so a weight is never dequantized
 /// whole.
@@ -30,6 +31,24 @@ pub struct GgmlTensor {
     ggml_type: GgmlType,
     shape: [usize; 2],
     parts: Vec<Part>,
+    /// The type's codebook ([`grid_words`]), shared by every tensor of this type on the device.
+    grid: Tensor<1, Int>,
+}
+
+/// Codebooks already on a device, one per (ggml type, device): at most 16 KiB each.
+static GRIDS: Mutex<Vec<(GgmlType, Device, Tensor<1, Int>)>> = Mutex::new(Vec::new());
+
+/// The codebook tensor of `ty` on `device`, uploaded on first use.
+fn grid_tensor(ty: GgmlType, device: &Device) -> Option<Tensor<1, Int>> {
+    let mut grids = GRIDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, _, t)) = grids.iter().find(|(t, d, _)| *t == ty && d == device) {
+        return Some(t.clone());
+    }
+    let words = grid_words(ty)?;
+    let len = words.len();
+    let t = Tensor::<1, Int>::from_data(TensorData::new(words, [len]), (device, DType::U32));
+    grids.push((ty, device.clone(), t.clone()));
+    Some(t)
 }
 
 impl GgmlTensor {
@@ -52,10 +71,11 @@ impl GgmlTensor {
             reason: "the device is not a CubeCL device".into(),
         })?;
         let max_buffer = max_buffer.min(u32::MAX as u64) as usize;
-        let be = kernel_block_elems(ggml_type).ok_or_else(|| Error::Unsupported {
+        let no_kernel = || Error::Unsupported {
             ggml_type,
             reason: "no kernel decodes this type".into(),
-        })?;
+        };
+        let be = kernel_block_elems(ggml_type).ok_or_else(no_kernel)?;
         if cols == 0 || rows == 0 || !cols.is_multiple_of(be) {
             return Err(Error::Shape(format!(
                 "{ggml_type} tensor [{rows}, {cols}]: row length is not a positive multiple of {be}"
@@ -99,6 +119,7 @@ impl GgmlTensor {
             ggml_type,
             shape,
             parts,
+            grid: grid_tensor(ggml_type, device).ok_or_else(no_kernel)?,
         })
     }
 
@@ -141,6 +162,7 @@ impl GgmlTensor {
                 .map(|p| {
                     Tensor::from_dispatch(Dispatch::ggml_gemv(
                         p.words.clone().into_dispatch(),
+                        self.grid.clone().into_dispatch(),
                         x.clone().into_dispatch(),
                         self.ggml_type,
                         p.rows,
@@ -209,6 +231,7 @@ impl GgmlTensor {
         let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [n]), (device, DType::U32));
         Tensor::from_dispatch(Dispatch::ggml_dequantize_rows(
             p.words.clone().into_dispatch(),
+            self.grid.clone().into_dispatch(),
             ids.into_dispatch(),
             self.ggml_type,
             row_start,
