@@ -210,7 +210,9 @@ pub struct GemvConfig {
 impl GemvConfig {
     /// The variant for this device: a plane per row with a plane reduction where the device has
     /// plane ops and a fixed plane width; otherwise 8 lanes per row with a shared-memory
-    /// reduction (also the faster one on lavapipe, where one unit per row is 2.5x slower).
+    /// reduction (also the faster one on lavapipe, where one unit per row is 2.5x slower), except
+    /// on CubeCL's SPIR-V path, whose shared-memory kernels fail `spirv-val`: one unit per row
+    /// there.
     pub fn for_client(client: &Client) -> Self {
         let props = client.properties();
         let hw = &props.hardware;
@@ -222,8 +224,10 @@ impl GemvConfig {
                 rows_per_cube: (256 / lanes).clamp(1, 8),
                 plane: true,
             }
-        } else {
+        } else if shared_memory_ok(client) {
             Self::SHARED
+        } else {
+            Self::ROW_PER_UNIT
         }
     }
 
@@ -247,11 +251,14 @@ impl GemvConfig {
         plane: false,
     };
 
-    /// The variants `device` can run: [`Self::ROW_PER_UNIT`], [`Self::SHARED`],
-    /// [`Self::SHARED_ONE_ROW`], and the plane variant where the device has plane ops with a fixed
-    /// width.
+    /// The variants `device` can run: [`Self::ROW_PER_UNIT`], [`Self::SHARED`] and
+    /// [`Self::SHARED_ONE_ROW`] (not on the SPIR-V path), and the plane variant where the device
+    /// has plane ops with a fixed width.
     pub fn variants(client: &Client) -> Vec<GemvConfig> {
-        let mut v = vec![Self::ROW_PER_UNIT, Self::SHARED, Self::SHARED_ONE_ROW];
+        let mut v = vec![Self::ROW_PER_UNIT];
+        if shared_memory_ok(client) {
+            v.extend([Self::SHARED, Self::SHARED_ONE_ROW]);
+        }
         let hw = &client.properties().hardware;
         if client.features().plane.contains(Plane::Ops) && hw.plane_size_min == hw.plane_size_max {
             let lanes = hw.plane_size_max;
@@ -263,6 +270,13 @@ impl GemvConfig {
         }
         v
     }
+}
+
+/// Whether kernels with workgroup shared memory are valid on `client`'s compiler: not on CubeCL
+/// 0.11.3's SPIR-V path (runtime `wgpu<spirv>`), whose shared-memory modules fail `spirv-val`
+/// (`cargo xtask kernel-gen --target spirv` shows which).
+pub fn shared_memory_ok(client: &Client) -> bool {
+    client.name() != "wgpu<spirv>"
 }
 
 /// A cube count for `n` cubes that respects the 65 535-per-dimension limit (case C29).

@@ -1,5 +1,5 @@
 //! `burn-gguf inspect`: the summary of a real file, and the CPU codec and the device kernels
-//! giving bit-identical values for one tensor of every type (with a kernel) in the fixtures.
+//! giving bit-identical values for one tensor of every type in the fixtures.
 use burn_gguf_cli::inspect::{summary, tensor_values};
 use burn_gguf_tests::fixtures;
 use gguf::GgufFile;
@@ -28,6 +28,7 @@ fn summary_of_gemma_lists_header_types_and_tensors() {
 #[test]
 fn codec_and_device_values_are_identical_for_every_type_with_a_kernel() {
     let mut seen = BTreeMap::new();
+    let mut all = std::collections::BTreeSet::new();
     let mut paths: Vec<_> = std::fs::read_dir(fixtures().join("gguf"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -39,7 +40,8 @@ fn codec_and_device_values_are_identical_for_every_type_with_a_kernel() {
     for path in paths {
         let file = GgufFile::open(&path).unwrap();
         for t in file.tensors() {
-            if seen.contains_key(&t.ggml_type) || !ggml_kernels::supports(t.ggml_type) {
+            all.insert(t.ggml_type);
+            if seen.contains_key(&t.ggml_type) {
                 continue;
             }
             let cpu = tensor_values(&file, &t.name, false).unwrap();
@@ -58,6 +60,8 @@ fn codec_and_device_values_are_identical_for_every_type_with_a_kernel() {
             seen.insert(t.ggml_type, t.name.clone());
         }
     }
-    // The fixtures hold F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K ... Q6_K among the types with kernels.
-    assert!(seen.len() >= 10, "{seen:?}");
+    // Every type in the fixtures (F32, F16, Q4_0 .. Q8_0, the K-quants, the IQ and TQ types:
+    // 23) has a kernel, and one tensor of each was compared.
+    assert_eq!(seen.len(), all.len(), "{seen:?}");
+    assert_eq!(all.len(), 23, "{all:?}");
 }

@@ -1,19 +1,30 @@
-//! `cargo xtask kernel-gen`: every kernel variant's source written to a folder, WGSL validated
-//! with naga.
+//! `cargo xtask kernel-gen`: every kernel variant's source written to a folder per target.
+//!
+//! WGSL is validated with naga (a failure fails the run). SPIR-V is validated with `spirv-val`
+//! (Debian `spirv-tools`) where it is installed: CubeCL 0.11.3's SPIR-V for kernels with
+//! workgroup shared memory fails it, so those variants are reported as not to be selected on
+//! the SPIR-V path (the plane and one-unit-per-row GEMVs use no shared memory), without failing
+//! the run. MSL is written for reading and for compiling where a Mac is.
 use ggml_kernels::GemvConfig;
-use ggml_kernels::source::{Variant, wgsl};
+use ggml_kernels::source::{Target, Variant, source};
 use gguf::GgmlType;
 use std::path::Path;
+use std::process::Command;
 
-/// Writes one `.wgsl` file per variant into `out` and validates each with naga; prints the
-/// variant list with sizes. Returns the number of variants that failed to compile or validate.
-pub fn run(out: &Path) -> Result<usize, String> {
-    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let device = burn_gguf::default_device();
-    let client =
-        burn_gguf::cube_client(&device).ok_or("the default device is not a CubeCL device")?;
-    let mut variants = vec![("dequantize_rows".to_string(), Variant::DequantizeRows)];
-    for config in GemvConfig::variants(&client) {
+/// Every op variant: dequantize-rows, and the GEMV for each configuration and `m` in 1..=8.
+/// The plane GEMV is listed for a 32-wide plane even where this device has none, so its source
+/// is generated everywhere.
+fn variants(client: &cubecl::client::Client) -> Vec<(String, Variant)> {
+    let mut configs = GemvConfig::variants(client);
+    if !configs.iter().any(|c| c.plane) {
+        configs.push(GemvConfig {
+            lanes: 32,
+            rows_per_cube: 8,
+            plane: true,
+        });
+    }
+    let mut out = vec![("dequantize_rows".to_string(), Variant::DequantizeRows)];
+    for config in configs {
         for m in 1..=ggml_kernels::MAX_GEMV_ROWS as u32 {
             let name = format!(
                 "gemv_l{}_r{}_{}_m{m}",
@@ -21,48 +32,106 @@ pub fn run(out: &Path) -> Result<usize, String> {
                 config.rows_per_cube,
                 if config.plane { "plane" } else { "smem" }
             );
-            variants.push((name, Variant::Gemv { config, m }));
+            out.push((name, Variant::Gemv { config, m }));
         }
     }
-    let (mut total, mut failed) = (0usize, 0usize);
-    for &ty in GgmlType::all()
+    out
+}
+
+fn validate_wgsl(src: &[u8]) -> Result<&'static str, String> {
+    let src = std::str::from_utf8(src).map_err(|e| e.to_string())?;
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| format!("naga parse: {e}"))?;
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("naga validation: {e:?}"))?;
+    Ok("valid (naga)")
+}
+
+/// `spirv-val`'s verdict on `file`, or `None` when it is not installed.
+fn spirv_val(file: &Path) -> Option<Result<(), String>> {
+    let out = Command::new("spirv-val")
+        .args(["--target-env", "vulkan1.2"])
+        .arg(file)
+        .output()
+        .ok()?;
+    Some(if out.status.success() {
+        Ok(())
+    } else {
+        let msg = String::from_utf8_lossy(&out.stderr);
+        Err(msg.lines().next().unwrap_or("").trim().to_string())
+    })
+}
+
+/// Writes one file per variant and target into `out/<target>/` and validates it; prints the
+/// variant list with sizes. Returns the number of variants that failed to compile, or whose
+/// WGSL failed validation.
+pub fn run(out: &Path, targets: &[Target]) -> Result<usize, String> {
+    let device = burn_gguf::default_device();
+    let client =
+        burn_gguf::cube_client(&device).ok_or("the default device is not a CubeCL device")?;
+    let variants = variants(&client);
+    let types: Vec<GgmlType> = GgmlType::all()
         .iter()
-        .filter(|t| ggml_kernels::supports(**t))
-    {
-        for (name, variant) in &variants {
-            total += 1;
-            let file = out.join(format!("{}_{name}.wgsl", ty.name().to_lowercase()));
-            let verdict = wgsl(&client, ty, *variant)
-                .map_err(|e| e.to_string())
-                .and_then(|src| {
-                    std::fs::write(&file, &src).map_err(|e| format!("{}: {e}", file.display()))?;
-                    let module = naga::front::wgsl::parse_str(&src)
-                        .map_err(|e| format!("naga parse: {e}"))?;
-                    naga::valid::Validator::new(
-                        naga::valid::ValidationFlags::all(),
-                        naga::valid::Capabilities::all(),
-                    )
-                    .validate(&module)
-                    .map_err(|e| format!("naga validation: {e:?}"))?;
-                    Ok(src.len())
-                });
-            match verdict {
-                Ok(bytes) => println!(
-                    "{:<48} {bytes:>8} bytes  valid",
-                    file.file_name().unwrap().to_string_lossy()
-                ),
-                Err(e) => {
-                    failed += 1;
-                    println!(
-                        "{:<48} FAILED: {e}",
-                        file.file_name().unwrap().to_string_lossy()
-                    );
+        .copied()
+        .filter(|t| ggml_kernels::supports(*t))
+        .collect();
+    let (mut total, mut failed) = (0usize, 0usize);
+    let mut spirv_rejected: Vec<String> = Vec::new();
+    for &target in targets {
+        let dir = out.join(target.extension());
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for &ty in &types {
+            for (name, variant) in &variants {
+                total += 1;
+                let file_name =
+                    format!("{}_{name}.{}", ty.name().to_lowercase(), target.extension());
+                let file = dir.join(&file_name);
+                let verdict = source(&client, ty, *variant, target)
+                    .map_err(|e| e.to_string())
+                    .and_then(|src| {
+                        std::fs::write(&file, &src)
+                            .map_err(|e| format!("{}: {e}", file.display()))?;
+                        let note = match target {
+                            Target::Wgsl => validate_wgsl(&src)?,
+                            Target::Spirv => match spirv_val(&file) {
+                                None => "written (spirv-val not installed)",
+                                Some(Ok(())) => "valid (spirv-val)",
+                                Some(Err(e)) => {
+                                    spirv_rejected.push(format!("{file_name}: {e}"));
+                                    "spirv-val rejects it: not selected on SPIR-V"
+                                }
+                            },
+                            Target::Msl => "written",
+                        };
+                        Ok((src.len(), note))
+                    });
+                match verdict {
+                    Ok((bytes, note)) => println!("{file_name:<52} {bytes:>8} bytes  {note}"),
+                    Err(e) => {
+                        failed += 1;
+                        println!("{file_name:<52} FAILED: {e}");
+                    }
                 }
             }
         }
     }
+    if !spirv_rejected.is_empty() {
+        println!(
+            "\n{} SPIR-V variants rejected by spirv-val (CubeCL's SPIR-V for workgroup shared \
+             memory), first: {}",
+            spirv_rejected.len(),
+            spirv_rejected[0]
+        );
+    }
     println!(
-        "\n{total} variants written to {}, {} valid, {failed} failed",
+        "\n{total} variant sources ({} types x {} variants x {} targets) written to {}, {} ok, \
+         {failed} failed",
+        types.len(),
+        variants.len(),
+        targets.len(),
         out.display(),
         total - failed
     );

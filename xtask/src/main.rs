@@ -30,11 +30,13 @@ enum Command {
         list: bool,
     },
     /// Write every kernel variant's source (ggml type x op x comptime parameters) into a folder
-    /// and validate it (WGSL with naga); prints the variant list with sizes.
+    /// for each target and validate it (WGSL with naga, SPIR-V with spirv-val when it is on the
+    /// PATH); prints the variant list with sizes. Fails if a variant does not compile or its WGSL
+    /// does not validate.
     KernelGen {
-        /// Source language.
-        #[arg(long, default_value = "wgsl", value_parser = ["wgsl", "spirv", "msl"])]
-        target: String,
+        /// Source language; every target when absent.
+        #[arg(long)]
+        target: Option<ggml_kernels::source::Target>,
         /// Output folder.
         #[arg(long)]
         out: std::path::PathBuf,
@@ -60,16 +62,13 @@ fn main() -> ExitCode {
         Command::FetchModel { name, list } => {
             fetch_model(name.as_deref(), list).map_err(|e| e.to_string())
         }
-        Command::KernelGen { target, out } => match target.as_str() {
-            "wgsl" => kernel_gen::run(&out).and_then(|failed| match failed {
+        Command::KernelGen { target, out } => {
+            let targets = target.map_or(ggml_kernels::source::Target::ALL.to_vec(), |t| vec![t]);
+            kernel_gen::run(&out, &targets).and_then(|failed| match failed {
                 0 => Ok(()),
                 n => Err(format!("{n} kernel variants failed to compile or validate")),
-            }),
-            other => Err(format!(
-                "--target {other}: this build compiles WGSL only (CubeCL's SPIR-V and MSL \
-                 compilers come with Burn's `vulkan` / `metal` features)"
-            )),
-        },
+            })
+        }
         Command::KernelTest { ggml_type, op } => kernel_test::run(ggml_type, op.as_deref())
             .and_then(|failed| match failed {
                 0 => Ok(()),

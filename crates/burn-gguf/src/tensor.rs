@@ -53,7 +53,8 @@ fn grid_tensor(ty: GgmlType, device: &Device) -> Option<Tensor<1, Int>> {
 
 impl GgmlTensor {
     /// Uploads `bytes` (`rows` rows of `cols` elements of `ggml_type`, as in a GGUF data section)
-    /// to `device`.
+    /// to `device`, split by rows into buffers of at most the device's buffer limit
+    /// ([`crate::max_buffer_bytes`]).
     ///
     /// # Errors
     /// [`Error::Unsupported`] when no kernel decodes `ggml_type` or the device is not a CubeCL
@@ -65,11 +66,26 @@ impl GgmlTensor {
         shape: [usize; 2],
         device: &Device,
     ) -> Result<Self, Error> {
-        let [rows, cols] = shape;
         let max_buffer = crate::max_buffer_bytes(device).ok_or_else(|| Error::Unsupported {
             ggml_type,
             reason: "the device is not a CubeCL device".into(),
         })?;
+        Self::from_bytes_with_limit(bytes, ggml_type, shape, device, max_buffer)
+    }
+
+    /// [`GgmlTensor::from_bytes`] with buffers of at most `max_buffer` bytes (rows are never split;
+    /// each buffer also holds one padding word).
+    ///
+    /// # Errors
+    /// As [`GgmlTensor::from_bytes`], and [`Error::Shape`] when one row does not fit `max_buffer`.
+    pub fn from_bytes_with_limit(
+        bytes: &[u8],
+        ggml_type: GgmlType,
+        shape: [usize; 2],
+        device: &Device,
+        max_buffer: u64,
+    ) -> Result<Self, Error> {
+        let [rows, cols] = shape;
         let max_buffer = max_buffer.min(u32::MAX as u64) as usize;
         let no_kernel = || Error::Unsupported {
             ggml_type,
@@ -90,7 +106,7 @@ impl GgmlTensor {
                 bytes.len()
             )));
         }
-        let rows_per_part = (max_buffer - 8) / row_bytes;
+        let rows_per_part = max_buffer.saturating_sub(8) / row_bytes;
         if rows_per_part == 0 {
             return Err(Error::Shape(format!(
                 "one row of {row_bytes} bytes exceeds the device's {max_buffer}-byte buffers"
