@@ -2,12 +2,11 @@
 //! inputs and reference math.
 use std::path::PathBuf;
 
-/// `../shared/fixtures` beside the checkout.
+/// `../shared/fixtures` beside the checkout, found from the package directory cargo runs the
+/// tests in (not a path baked in at compile time, so a build reused from another clone works).
 pub fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/fixtures"
-    ))
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+    PathBuf::from(dir).join("../../shared/fixtures")
 }
 
 /// Reads a fixture file (panics with the path if it is missing: fixtures are part of the

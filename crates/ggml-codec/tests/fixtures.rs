@@ -6,10 +6,13 @@ use ggml_codec::{dequantize, dequantize_to_vec, quantize, supports, supports_qua
 use gguf::GgmlType;
 use serde_json::Value;
 
-const DEQUANT: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/fixtures/dequant"
-);
+/// `../shared/fixtures/dequant` beside the checkout, found from the package directory cargo
+/// runs the test in (not a path baked in at compile time, so a build reused from another clone
+/// works).
+fn dequant_dir() -> String {
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+    format!("{dir}/../../../shared/fixtures/dequant")
+}
 
 /// Types with a CPU decoder, all of which have fixture files.
 const DECODED: &[GgmlType] = &[
@@ -43,7 +46,7 @@ const DECODED: &[GgmlType] = &[
 ];
 
 fn read(name: &str) -> Vec<u8> {
-    let path = format!("{DEQUANT}/{name}");
+    let path = format!("{}/{name}", dequant_dir());
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 

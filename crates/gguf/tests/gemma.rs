@@ -7,7 +7,12 @@ use std::path::PathBuf;
 use gguf::{GgmlType, GgufError, GgufFile, MetadataArray, MetadataValue};
 use serde_json::Value;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures");
+/// `../shared/fixtures` beside the checkout, found from the package directory cargo runs the
+/// test in (not a path baked in at compile time, so a build reused from another clone works).
+fn fixtures() -> String {
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+    format!("{dir}/../../../shared/fixtures")
+}
 
 fn gemma_path() -> Option<PathBuf> {
     let path = match std::env::var_os("BURN_GGUF_GEMMA") {
@@ -27,7 +32,7 @@ fn gemma_path() -> Option<PathBuf> {
 }
 
 fn metadata_json() -> Value {
-    let path = format!("{FIXTURES}/gemma/gemma3_270m_q4_k_m_metadata.json");
+    let path = format!("{}/gemma/gemma3_270m_q4_k_m_metadata.json", fixtures());
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     serde_json::from_str(&text).unwrap()
 }
