@@ -1,72 +1,125 @@
-//! Gemma 3 (llama.cpp architecture `gemma3`) over packed ggml weights.
+//! The decoder-only transformer shared by every architecture, with per-architecture parts
+//! chosen from `general.architecture` ([`ARCHITECTURES`]).
 //!
-//! The graph follows llama.cpp `src/models/gemma3.cpp`: embeddings scaled by `sqrt(n_embd)`;
-//! per layer RMSNorm (the GGUF norm weights already hold Gemma's `1 + w`), Q/K/V, per-head
-//! RMSNorm of Q and K, NEOX RoPE, grouped-query attention scaled by `1/sqrt(key_length)`, a
-//! post-attention norm, then RMSNorm, `GELU_tanh(gate) * up`, down and a post-FFN norm; a final
-//! norm and the output head (tied to `token_embd` when `output.weight` is absent).
-//! Five of every six layers use a sliding window (`attention.sliding_window`) with RoPE base
-//! `rope.freq_base_swa` (default 10 000, llama.cpp's built-in value: the key is usually absent);
-//! every sixth layer is global with `rope.freq_base` (case C17).
+//! The skeleton follows llama.cpp `src/models/*.cpp`: token embeddings; per layer RMSNorm, Q/K/V,
+//! optional per-head RMSNorm of Q and K, NEOX RoPE, grouped-query attention scaled by
+//! `1/sqrt(head_dim)` with a KV cache, the output projection, a residual; RMSNorm, `act(gate) * up`,
+//! down, a residual; a final norm and the output head (tied to `token_embd` when `output.weight`
+//! is absent, case C14). The parts that differ:
+//! - `qwen3` (`src/models/qwen3.cpp`): Q/K norms, SiLU.
+//! - `gemma3` (`src/models/gemma3.cpp`): embeddings scaled by `sqrt(n_embd)`; Q/K norms; a norm
+//!   after attention and after the FFN (`post_attention_norm`, `post_ffw_norm`; the GGUF norm
+//!   weights already hold Gemma's `1 + w`); GELU (tanh); five of every six layers use a sliding
+//!   window (`attention.sliding_window`) with RoPE base `rope.freq_base_swa` (default 10 000,
+//!   llama.cpp's built-in value: the key is usually absent); every sixth layer is global with
+//!   `rope.freq_base` (case C17).
 use crate::Error;
-use burn::tensor::activation::softmax;
+use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_gguf::{GgmlEmbedding, GgmlLinear, GgufLoader};
 use gguf::GgufFile;
 
-/// Hyper-parameters of a Gemma 3 model, from the GGUF metadata.
+/// The values of `general.architecture` a [`Decoder`] loads.
+pub const ARCHITECTURES: &[&str] = &["gemma3", "qwen3"];
+
+/// The FFN's activation of the gate projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (Llama, Qwen).
+    Silu,
+    /// ggml's GELU, tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// Gemma 3's local attention: every layer but each `pattern`-th (1-based) sees only the last
+/// `window` tokens and uses RoPE base `rope_base`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Gemma3Config {
-    /// `gemma3.block_count`.
+pub struct SlidingWindow {
+    /// Tokens a query sees, itself included (`attention.sliding_window`).
+    pub window: usize,
+    /// Every `pattern`-th layer (1-based) is global.
+    pub pattern: usize,
+    /// RoPE base of the local layers (`rope.freq_base_swa`).
+    pub rope_base: f32,
+}
+
+/// Hyper-parameters of a decoder, from the GGUF metadata (`<arch>.*` keys).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecoderConfig {
+    /// `general.architecture`, one of [`ARCHITECTURES`].
+    pub architecture: String,
+    /// `<arch>.block_count`.
     pub n_layers: usize,
-    /// `gemma3.embedding_length`.
+    /// `<arch>.embedding_length`.
     pub n_embd: usize,
-    /// `gemma3.feed_forward_length`.
+    /// `<arch>.feed_forward_length`.
     pub n_ff: usize,
-    /// `gemma3.attention.head_count`.
+    /// `<arch>.attention.head_count`.
     pub n_head: usize,
-    /// `gemma3.attention.head_count_kv`.
+    /// `<arch>.attention.head_count_kv`.
     pub n_head_kv: usize,
-    /// `gemma3.attention.key_length` (= value_length).
+    /// `<arch>.attention.key_length` (= value_length), else `n_embd / n_head`.
     pub head_dim: usize,
-    /// `gemma3.attention.layer_norm_rms_epsilon`.
+    /// `<arch>.attention.layer_norm_rms_epsilon`.
     pub rms_eps: f32,
-    /// `gemma3.rope.freq_base`, used by the global layers.
-    pub rope_base_global: f32,
-    /// `gemma3.rope.freq_base_swa` or 10 000, used by the sliding-window layers.
-    pub rope_base_local: f32,
-    /// `gemma3.attention.sliding_window` (tokens a query sees, itself included).
-    pub sliding_window: usize,
-    /// Every `swa_pattern`-th layer (1-based) is global.
-    pub swa_pattern: usize,
-    /// `gemma3.context_length`.
+    /// `<arch>.rope.freq_base` (of the global layers where there is a sliding window).
+    pub rope_base: f32,
+    /// Local attention (Gemma 3), if any.
+    pub sliding_window: Option<SlidingWindow>,
+    /// Factor applied to the token embeddings (Gemma: `sqrt(n_embd)`).
+    pub embed_scale: Option<f64>,
+    /// The FFN activation.
+    pub activation: Activation,
+    /// Whether Q and K get a per-head RMSNorm (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// Whether attention and FFN outputs get an RMSNorm before the residual
+    /// (`post_attention_norm`, `post_ffw_norm`).
+    pub post_norms: bool,
+    /// `<arch>.context_length`.
     pub context_length: usize,
     /// Vocabulary size (rows of `token_embd`).
     pub vocab_size: usize,
 }
 
-impl Gemma3Config {
-    /// Reads the config from `file` (architecture must be `gemma3`).
+impl DecoderConfig {
+    /// Reads the config from `file`.
     ///
     /// # Errors
-    /// Wrong architecture, or a missing / mistyped / inconsistent key (named in the error).
+    /// An architecture not in [`ARCHITECTURES`] (named, with the supported ones), or a missing /
+    /// mistyped / inconsistent key (named in the error).
     pub fn from_gguf(file: &GgufFile) -> Result<Self, Error> {
-        let arch = file.architecture()?;
-        if arch != "gemma3" {
-            return Err(Error::Model(format!("architecture '{arch}' is not gemma3")));
+        let arch = file.architecture()?.to_string();
+        if !ARCHITECTURES.contains(&arch.as_str()) {
+            return Err(Error::Model(format!(
+                "architecture '{arch}' is not supported (supported: {})",
+                ARCHITECTURES.join(", ")
+            )));
         }
-        let u = |k: &str| -> Result<usize, Error> {
-            Ok(file.get_u32(&format!("gemma3.{k}"))? as usize)
-        };
+        let key = |k: &str| format!("{arch}.{k}");
+        let u = |k: &str| -> Result<usize, Error> { Ok(file.get_u32(&key(k))? as usize) };
         let n_embd = u("embedding_length")?;
         let n_head = u("attention.head_count")?;
-        let head_dim = match file.get_opt_u32("gemma3.attention.key_length")? {
+        let head_dim = match file.get_opt_u32(&key("attention.key_length"))? {
             Some(k) => k as usize,
             None => n_embd / n_head.max(1),
         };
         let embd = file
             .tensor("token_embd.weight")
             .ok_or_else(|| Error::Model("tensor 'token_embd.weight' is missing".into()))?;
+        let gemma = arch == "gemma3";
+        let sliding_window = if gemma {
+            Some(SlidingWindow {
+                window: file
+                    .get_opt_u32(&key("attention.sliding_window"))?
+                    .unwrap_or(512) as usize,
+                pattern: 6,
+                rope_base: file
+                    .get_opt_f32(&key("rope.freq_base_swa"))?
+                    .unwrap_or(10_000.0),
+            })
+        } else {
+            None
+        };
         let cfg = Self {
             n_layers: u("block_count")?,
             n_embd,
@@ -74,19 +127,22 @@ impl Gemma3Config {
             n_head,
             n_head_kv: u("attention.head_count_kv")?,
             head_dim,
-            rms_eps: file.get_f32("gemma3.attention.layer_norm_rms_epsilon")?,
-            rope_base_global: file
-                .get_opt_f32("gemma3.rope.freq_base")?
-                .unwrap_or(1_000_000.0),
-            rope_base_local: file
-                .get_opt_f32("gemma3.rope.freq_base_swa")?
-                .unwrap_or(10_000.0),
-            sliding_window: file
-                .get_opt_u32("gemma3.attention.sliding_window")?
-                .unwrap_or(512) as usize,
-            swa_pattern: 6,
+            rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            rope_base: file
+                .get_opt_f32(&key("rope.freq_base"))?
+                .unwrap_or(if gemma { 1_000_000.0 } else { 10_000.0 }),
+            sliding_window,
+            embed_scale: gemma.then(|| (n_embd as f64).sqrt()),
+            activation: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            qk_norm: true,
+            post_norms: gemma,
             context_length: u("context_length")?,
             vocab_size: embd.shape()[0],
+            architecture: arch,
         };
         let ok = cfg.n_layers > 0
             && cfg.n_layers <= 1024
@@ -95,18 +151,21 @@ impl Gemma3Config {
             && cfg.n_head.is_multiple_of(cfg.n_head_kv)
             && cfg.head_dim > 0
             && cfg.head_dim.is_multiple_of(2)
-            && cfg.sliding_window > 0;
+            && cfg.sliding_window.as_ref().is_none_or(|w| w.window > 0);
         if !ok {
             return Err(Error::Model(format!(
-                "inconsistent gemma3 hyper-parameters: {cfg:?}"
+                "inconsistent {} hyper-parameters: {cfg:?}",
+                cfg.architecture
             )));
         }
         Ok(cfg)
     }
 
-    /// Whether layer `il` uses the sliding window (llama.cpp: `(il + 1) % 6 != 0`).
+    /// Whether layer `il` uses the sliding window (llama.cpp gemma3: `(il + 1) % 6 != 0`).
     pub fn is_local(&self, il: usize) -> bool {
-        !(il + 1).is_multiple_of(self.swa_pattern)
+        self.sliding_window
+            .as_ref()
+            .is_some_and(|w| !(il + 1).is_multiple_of(w.pattern))
     }
 }
 
@@ -116,14 +175,14 @@ struct Layer {
     wk: GgmlLinear,
     wv: GgmlLinear,
     wo: GgmlLinear,
-    q_norm: Tensor<1>,
-    k_norm: Tensor<1>,
-    post_attn_norm: Tensor<1>,
+    /// `[q_norm, k_norm]` where the architecture has them.
+    qk_norm: Option<[Tensor<1>; 2]>,
+    /// `[post_attention_norm, post_ffw_norm]` where the architecture has them.
+    post_norms: Option<[Tensor<1>; 2]>,
     ffn_norm: Tensor<1>,
     gate: GgmlLinear,
     up: GgmlLinear,
     down: GgmlLinear,
-    post_ffw_norm: Tensor<1>,
 }
 
 /// Keys and values of the tokens seen so far, per layer: `[n_head_kv, len, head_dim]` each.
@@ -150,9 +209,9 @@ impl KvCache {
     }
 }
 
-/// A Gemma 3 model with packed weights on one device.
-pub struct Gemma3 {
-    config: Gemma3Config,
+/// A decoder-only language model with packed weights on one device.
+pub struct Decoder {
+    config: DecoderConfig,
     embed: GgmlEmbedding,
     layers: Vec<Layer>,
     output_norm: Tensor<1>,
@@ -238,32 +297,40 @@ fn attention_mask(
     Some(Tensor::from_data(TensorData::new(m, [n, total]), device))
 }
 
-impl Gemma3 {
-    /// Loads a Gemma 3 model from `loader`'s file.
+impl Decoder {
+    /// Loads the model of `loader`'s file, its architecture from `general.architecture`.
     ///
     /// # Errors
-    /// Missing keys or tensors, or shapes that do not match the config.
+    /// An unsupported architecture, missing keys or tensors, or shapes that do not match the
+    /// config.
     pub fn load(loader: &GgufLoader) -> Result<Self, Error> {
         let file = loader.file();
-        let config = Gemma3Config::from_gguf(file)?;
+        let config = DecoderConfig::from_gguf(file)?;
         let embed = loader.embedding("token_embd.weight")?;
         let mut layers = Vec::with_capacity(config.n_layers);
         for il in 0..config.n_layers {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
+            let pair = |a: &str, b: &str| -> Result<[Tensor<1>; 2], Error> {
+                Ok([loader.dense(&n(a))?, loader.dense(&n(b))?])
+            };
             layers.push(Layer {
                 attn_norm: loader.dense(&n("attn_norm"))?,
                 wq: loader.linear(&n("attn_q"))?,
                 wk: loader.linear(&n("attn_k"))?,
                 wv: loader.linear(&n("attn_v"))?,
                 wo: loader.linear(&n("attn_output"))?,
-                q_norm: loader.dense(&n("attn_q_norm"))?,
-                k_norm: loader.dense(&n("attn_k_norm"))?,
-                post_attn_norm: loader.dense(&n("post_attention_norm"))?,
+                qk_norm: match config.qk_norm {
+                    true => Some(pair("attn_q_norm", "attn_k_norm")?),
+                    false => None,
+                },
+                post_norms: match config.post_norms {
+                    true => Some(pair("post_attention_norm", "post_ffw_norm")?),
+                    false => None,
+                },
                 ffn_norm: loader.dense(&n("ffn_norm"))?,
                 gate: loader.linear(&n("ffn_gate"))?,
                 up: loader.linear(&n("ffn_up"))?,
                 down: loader.linear(&n("ffn_down"))?,
-                post_ffw_norm: loader.dense(&n("post_ffw_norm"))?,
             });
         }
         let output_norm = loader.dense("output_norm.weight")?;
@@ -316,14 +383,14 @@ impl Gemma3 {
             expect(n("ffn_gate"), l.gate.weight.shape(), [c.n_ff, e])?;
             expect(n("ffn_up"), l.up.weight.shape(), [c.n_ff, e])?;
             expect(n("ffn_down"), l.down.weight.shape(), [e, c.n_ff])?;
-            for (name, t, len) in [
-                ("attn_norm", &l.attn_norm, e),
-                ("attn_q_norm", &l.q_norm, hd),
-                ("attn_k_norm", &l.k_norm, hd),
-                ("post_attention_norm", &l.post_attn_norm, e),
-                ("ffn_norm", &l.ffn_norm, e),
-                ("post_ffw_norm", &l.post_ffw_norm, e),
-            ] {
+            let mut norms = vec![("attn_norm", &l.attn_norm, e), ("ffn_norm", &l.ffn_norm, e)];
+            if let Some([q, k]) = &l.qk_norm {
+                norms.extend([("attn_q_norm", q, hd), ("attn_k_norm", k, hd)]);
+            }
+            if let Some([a, f]) = &l.post_norms {
+                norms.extend([("post_attention_norm", a, e), ("post_ffw_norm", f, e)]);
+            }
+            for (name, t, len) in norms {
                 expect(n(name), [t.dims()[0], 1], [len, 1])?;
             }
         }
@@ -331,7 +398,7 @@ impl Gemma3 {
     }
 
     /// The model's hyper-parameters.
-    pub fn config(&self) -> &Gemma3Config {
+    pub fn config(&self) -> &DecoderConfig {
         &self.config
     }
 
@@ -375,11 +442,19 @@ impl Gemma3 {
         let scale = 1.0 / (hd as f64).sqrt();
         let total = past + n;
 
-        let mut x = self.embed.forward(ids)? * (c.n_embd as f64).sqrt();
-        let rope_local = rope_tables(past, n, hd, c.rope_base_local, dev);
-        let rope_global = rope_tables(past, n, hd, c.rope_base_global, dev);
-        let mask_local = attention_mask(past, n, Some(c.sliding_window), dev);
+        let mut x = self.embed.forward(ids)?;
+        if let Some(s) = c.embed_scale {
+            x = x * s;
+        }
+        let rope_global = rope_tables(past, n, hd, c.rope_base, dev);
         let mask_global = attention_mask(past, n, None, dev);
+        let (rope_local, mask_local) = match &c.sliding_window {
+            Some(w) => (
+                rope_tables(past, n, hd, w.rope_base, dev),
+                attention_mask(past, n, Some(w.window), dev),
+            ),
+            None => (rope_global.clone(), mask_global.clone()),
+        };
 
         for (il, l) in self.layers.iter().enumerate() {
             let local = c.is_local(il);
@@ -387,16 +462,12 @@ impl Gemma3 {
             let mask = if local { &mask_local } else { &mask_global };
 
             let h = rms_norm(x.clone(), &l.attn_norm, c.rms_eps);
-            let q = rms_norm(
-                l.wq.forward(h.clone()).reshape([n, nh, hd]),
-                &l.q_norm,
-                c.rms_eps,
-            );
-            let k = rms_norm(
-                l.wk.forward(h.clone()).reshape([n, nkv, hd]),
-                &l.k_norm,
-                c.rms_eps,
-            );
+            let mut q = l.wq.forward(h.clone()).reshape([n, nh, hd]);
+            let mut k = l.wk.forward(h.clone()).reshape([n, nkv, hd]);
+            if let Some([qn, kn]) = &l.qk_norm {
+                q = rms_norm(q, qn, c.rms_eps);
+                k = rms_norm(k, kn, c.rms_eps);
+            }
             let v = l.wv.forward(h).reshape([n, nkv, hd]);
             let q = rope(q, cos, sin).swap_dims(0, 1); // [nh, n, hd]
             let k = rope(k, cos, sin).swap_dims(0, 1); // [nkv, n, hd]
@@ -420,12 +491,22 @@ impl Gemma3 {
                 .reshape([nh, n, hd])
                 .swap_dims(0, 1)
                 .reshape([n, nh * hd]);
-            let o = rms_norm(l.wo.forward(attn), &l.post_attn_norm, c.rms_eps);
+            let mut o = l.wo.forward(attn);
+            if let Some([post_attn, _]) = &l.post_norms {
+                o = rms_norm(o, post_attn, c.rms_eps);
+            }
             x = x + o;
 
             let h = rms_norm(x.clone(), &l.ffn_norm, c.rms_eps);
-            let a = gelu_tanh(l.gate.forward(h.clone())) * l.up.forward(h);
-            let d = rms_norm(l.down.forward(a), &l.post_ffw_norm, c.rms_eps);
+            let g = l.gate.forward(h.clone());
+            let g = match c.activation {
+                Activation::Silu => silu(g),
+                Activation::GeluTanh => gelu_tanh(g),
+            };
+            let mut d = l.down.forward(g * l.up.forward(h));
+            if let Some([_, post_ffw]) = &l.post_norms {
+                d = rms_norm(d, post_ffw, c.rms_eps);
+            }
             x = x + d;
         }
         cache.len = total;

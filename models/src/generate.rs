@@ -25,10 +25,10 @@ pub trait CausalLm {
     ) -> Result<Tensor<2>, Error>;
 }
 
-impl CausalLm for crate::gemma3::Gemma3 {
-    type Cache = crate::gemma3::KvCache;
+impl CausalLm for crate::decoder::Decoder {
+    type Cache = crate::decoder::KvCache;
     fn new_cache(&self) -> Self::Cache {
-        crate::gemma3::KvCache::new()
+        crate::decoder::KvCache::new()
     }
     fn forward(
         &self,
@@ -36,7 +36,7 @@ impl CausalLm for crate::gemma3::Gemma3 {
         cache: &mut Self::Cache,
         all_logits: bool,
     ) -> Result<Tensor<2>, Error> {
-        crate::gemma3::Gemma3::forward(self, ids, cache, all_logits)
+        crate::decoder::Decoder::forward(self, ids, cache, all_logits)
     }
 }
 

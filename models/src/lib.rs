@@ -1,11 +1,11 @@
-//! Model architectures over burn-gguf: Gemma 3, the tokenizer from GGUF metadata, sampling and
-//! generation with a KV cache.
-pub mod gemma3;
+//! Model architectures over burn-gguf: one decoder skeleton for Gemma 3 and Qwen3, the tokenizer
+//! from GGUF metadata, sampling and generation with a KV cache.
+pub mod decoder;
 pub mod generate;
 pub mod sampling;
 pub mod tokenizer;
 
-pub use gemma3::{Gemma3, Gemma3Config, KvCache};
+pub use decoder::{ARCHITECTURES, Activation, Decoder, DecoderConfig, KvCache, SlidingWindow};
 pub use generate::{CausalLm, Generation, Timings, generate};
 pub use sampling::{Sampler, SamplerConfig};
 pub use tokenizer::GgufTokenizer;

@@ -2,12 +2,12 @@
 //! (`../shared/fixtures/gemma/gemma3_270m_f64ref_*`): greedy ids, teacher-forced top-1 and the
 //! full last-prompt logit row.
 use burn_gguf::{GgufConfig, GgufLoader};
-use burn_gguf_models::{Gemma3, GgufTokenizer, Sampler, SamplerConfig, generate};
+use burn_gguf_models::{Decoder, GgufTokenizer, Sampler, SamplerConfig, generate};
 use burn_gguf_tests::{gemma_path, json_ids, read_f32s, read_json};
 use std::sync::OnceLock;
 
 struct Fixture {
-    model: Gemma3,
+    model: Decoder,
     tokenizer: GgufTokenizer,
 }
 
@@ -19,7 +19,7 @@ fn gemma() -> &'static Fixture {
         let tokenizer = GgufTokenizer::from_gguf(&file).expect("tokenizer");
         let device = burn_gguf::default_device();
         let loader = GgufLoader::new(&file, &device, GgufConfig::default());
-        let model = Gemma3::load(&loader).expect("load gemma");
+        let model = Decoder::load(&loader).expect("load gemma");
         let report = loader.report();
         // Every 2-D weight of this file has a kernel: nothing falls back.
         assert_eq!(report.dequantized().count(), 0, "{report}");

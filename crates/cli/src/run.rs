@@ -1,6 +1,6 @@
 //! `burn-gguf run`: load a GGUF model and generate text.
 use burn_gguf::{GgufConfig, GgufLoader};
-use burn_gguf_models::{Gemma3, GgufTokenizer, Sampler, SamplerConfig, generate};
+use burn_gguf_models::{Decoder, GgufTokenizer, Sampler, SamplerConfig, generate};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::Path;
@@ -53,7 +53,7 @@ pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
         },
     )
     .with_progress(|n| bar.inc(n));
-    let model = Gemma3::load(&loader).map_err(|e| e.to_string())?;
+    let model = Decoder::load(&loader).map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     let load_s = t0.elapsed().as_secs_f64();
     eprintln!(

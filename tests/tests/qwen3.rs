@@ -1,0 +1,95 @@
+//! The tiny Qwen3 fixtures (F16 and 21 quant mixes) through the shared decoder: teacher-forced
+//! logits over the fixture's 23 tokens within 1e-3 of the exact float64 reference
+//! (`logits/*.numpy.logits.f32`, weights dequantized by gguf-py), on the packed path and on the
+//! dequantized path, and the reference's greedy ids.
+use burn_gguf::{GgufConfig, GgufLoader};
+use burn_gguf_models::{CausalLm, Decoder};
+use burn_gguf_tests::{json_ids, read_f32s, read_json};
+use gguf::GgufFile;
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
+            if v > bv { (i, v) } else { (bi, bv) }
+        })
+        .0
+}
+
+#[test]
+fn tiny_qwen3_logits_match_the_float64_reference() {
+    let reference = read_json("logits/reference_logits_qwen3.json");
+    let device = burn_gguf::default_device();
+    let mut checked = 0;
+    for (name, entry) in reference.as_object().unwrap() {
+        let path = burn_gguf_tests::fixtures().join(format!("gguf/{name}.gguf"));
+        if !path.exists() {
+            // The `*-f32` entries describe models that are not stored.
+            assert!(name.ends_with("-f32"), "{name}: fixture missing");
+            continue;
+        }
+        let file = GgufFile::open(&path).unwrap();
+        let tokens = json_ids(&entry["teacher_forced_sequence"]);
+        let greedy = json_ids(&entry["greedy_ids"]);
+        let n_prompt = json_ids(&entry["prompt_ids"]).len();
+        let want = read_f32s(&format!("logits/{name}.numpy.logits.f32"));
+        let vocab = want.len() / tokens.len();
+        for dequantize in [false, true] {
+            let loader = GgufLoader::new(&file, &device, GgufConfig { dequantize });
+            let model = Decoder::load(&loader).unwrap();
+            if !dequantize {
+                assert_eq!(loader.report().dequantized().count(), 0, "{name}");
+            }
+            let mut cache = model.new_cache();
+            let got = model
+                .forward(&tokens, &mut cache, true)
+                .unwrap()
+                .try_into_data()
+                .unwrap()
+                .try_to_vec::<f32>()
+                .unwrap();
+            assert_eq!(got.len(), want.len(), "{name}");
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= 1e-3,
+                "{name} (dequantize: {dequantize}): max |logit - reference| = {worst}"
+            );
+            // Greedy: row n_prompt - 1 + j chooses token j.
+            for (j, &g) in greedy.iter().enumerate() {
+                let r = n_prompt - 1 + j;
+                if r >= tokens.len() {
+                    break;
+                }
+                let ours = argmax(&got[r * vocab..(r + 1) * vocab]);
+                let exact = argmax(&want[r * vocab..(r + 1) * vocab]);
+                assert_eq!(ours, exact, "{name} row {r}");
+                if exact == g as usize {
+                    assert_eq!(ours, g as usize, "{name} greedy step {j}");
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 2 * 22);
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    let mut w = gguf::GgufWriter::new();
+    w.add_metadata(
+        "general.architecture",
+        gguf::MetadataValue::String("mamba".into()),
+    );
+    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let device = burn_gguf::default_device();
+    let loader = GgufLoader::new(&file, &device, GgufConfig::default());
+    let err = Decoder::load(&loader).err().unwrap().to_string();
+    assert!(
+        err.contains("'mamba'") && err.contains("gemma3") && err.contains("qwen3"),
+        "{err}"
+    );
+}
