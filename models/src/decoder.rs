@@ -2,11 +2,17 @@
 //! chosen from `general.architecture` ([`ARCHITECTURES`]).
 //!
 //! The skeleton follows llama.cpp `src/models/*.cpp`: token embeddings; per layer RMSNorm, Q/K/V,
-//! optional per-head RMSNorm of Q and K, NEOX RoPE, grouped-query attention scaled by
+//! optional per-head RMSNorm of Q and K, RoPE, grouped-query attention scaled by
 //! `1/sqrt(head_dim)` with a KV cache, the output projection, a residual; RMSNorm, `act(gate) * up`,
 //! down, a residual; a final norm and the output head (tied to `token_embd` when `output.weight`
 //! is absent, case C14). The parts that differ:
+//! - `llama` (`src/models/llama.cpp`, Llama 3 family): SiLU, NORM-style RoPE (the converter
+//!   permutes Q and K for it, case C16) with the optional `rope_freqs` frequency factors.
 //! - `qwen3` (`src/models/qwen3.cpp`): Q/K norms, SiLU.
+//! - `qwen3moe` (`src/models/qwen3moe.cpp`): as `qwen3`, with a mixture-of-experts FFN: a
+//!   softmax router over `expert_count` experts (`ffn_gate_inp`), the top `expert_used_count`
+//!   taken and their weights renormalised to sum to 1, each a SiLU FFN of
+//!   `expert_feed_forward_length` ([`burn_gguf::GgmlExperts`]).
 //! - `gemma3` (`src/models/gemma3.cpp`): embeddings scaled by `sqrt(n_embd)`; Q/K norms; a norm
 //!   after attention and after the FFN (`post_attention_norm`, `post_ffw_norm`; the GGUF norm
 //!   weights already hold Gemma's `1 + w`); GELU (tanh); five of every six layers use a sliding
@@ -16,11 +22,11 @@
 use crate::Error;
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_gguf::{GgmlEmbedding, GgmlLinear, GgufLoader};
+use burn_gguf::{GgmlEmbedding, GgmlExperts, GgmlLinear, GgufLoader};
 use gguf::GgufFile;
 
 /// The values of `general.architecture` a [`Decoder`] loads.
-pub const ARCHITECTURES: &[&str] = &["gemma3", "qwen3"];
+pub const ARCHITECTURES: &[&str] = &["gemma3", "llama", "qwen3", "qwen3moe"];
 
 /// The FFN's activation of the gate projection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +47,19 @@ pub struct SlidingWindow {
     pub pattern: usize,
     /// RoPE base of the local layers (`rope.freq_base_swa`).
     pub rope_base: f32,
+}
+
+/// A mixture-of-experts FFN's routing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moe {
+    /// `<arch>.expert_count`.
+    pub n_expert: usize,
+    /// `<arch>.expert_used_count`: experts per token.
+    pub n_expert_used: usize,
+    /// `<arch>.expert_feed_forward_length`.
+    pub n_ff_expert: usize,
+    /// Whether the chosen experts' weights are renormalised to sum to 1.
+    pub norm_top_k: bool,
 }
 
 /// Hyper-parameters of a decoder, from the GGUF metadata (`<arch>.*` keys).
@@ -64,6 +83,8 @@ pub struct DecoderConfig {
     pub rms_eps: f32,
     /// `<arch>.rope.freq_base` (of the global layers where there is a sliding window).
     pub rope_base: f32,
+    /// How RoPE pairs dimensions: NORM for `llama`, NEOX otherwise.
+    pub rope_style: RopeStyle,
     /// Local attention (Gemma 3), if any.
     pub sliding_window: Option<SlidingWindow>,
     /// Factor applied to the token embeddings (Gemma: `sqrt(n_embd)`).
@@ -75,6 +96,8 @@ pub struct DecoderConfig {
     /// Whether attention and FFN outputs get an RMSNorm before the residual
     /// (`post_attention_norm`, `post_ffw_norm`).
     pub post_norms: bool,
+    /// The mixture-of-experts FFN, where the architecture has one.
+    pub moe: Option<Moe>,
     /// `<arch>.context_length`.
     pub context_length: usize,
     /// Vocabulary size (rows of `token_embd`).
@@ -120,6 +143,16 @@ impl DecoderConfig {
         } else {
             None
         };
+        let moe = if arch == "qwen3moe" {
+            Some(Moe {
+                n_expert: u("expert_count")?,
+                n_expert_used: u("expert_used_count")?,
+                n_ff_expert: u("expert_feed_forward_length")?,
+                norm_top_k: true,
+            })
+        } else {
+            None
+        };
         let cfg = Self {
             n_layers: u("block_count")?,
             n_embd,
@@ -138,8 +171,14 @@ impl DecoderConfig {
             } else {
                 Activation::Silu
             },
-            qk_norm: true,
+            rope_style: if arch == "llama" {
+                RopeStyle::Norm
+            } else {
+                RopeStyle::Neox
+            },
+            qk_norm: arch != "llama",
             post_norms: gemma,
+            moe,
             context_length: u("context_length")?,
             vocab_size: embd.shape()[0],
             architecture: arch,
@@ -151,7 +190,10 @@ impl DecoderConfig {
             && cfg.n_head.is_multiple_of(cfg.n_head_kv)
             && cfg.head_dim > 0
             && cfg.head_dim.is_multiple_of(2)
-            && cfg.sliding_window.as_ref().is_none_or(|w| w.window > 0);
+            && cfg.sliding_window.as_ref().is_none_or(|w| w.window > 0)
+            && cfg.moe.as_ref().is_none_or(|m| {
+                m.n_expert > 0 && m.n_expert <= 4096 && (1..=m.n_expert).contains(&m.n_expert_used)
+            });
         if !ok {
             return Err(Error::Model(format!(
                 "inconsistent {} hyper-parameters: {cfg:?}",
@@ -180,9 +222,22 @@ struct Layer {
     /// `[post_attention_norm, post_ffw_norm]` where the architecture has them.
     post_norms: Option<[Tensor<1>; 2]>,
     ffn_norm: Tensor<1>,
-    gate: GgmlLinear,
-    up: GgmlLinear,
-    down: GgmlLinear,
+    ffn: Ffn,
+}
+
+/// A layer's feed-forward network.
+enum Ffn {
+    /// `down(act(gate x) * up x)`.
+    Dense {
+        gate: GgmlLinear,
+        up: GgmlLinear,
+        down: GgmlLinear,
+    },
+    /// Routed experts: `router` `[n_expert, n_embd]` (`ffn_gate_inp`).
+    Moe {
+        router: Tensor<2>,
+        experts: GgmlExperts,
+    },
 }
 
 /// Keys and values of the tokens seen so far, per layer: `[n_head_kv, len, head_dim]` each.
@@ -216,6 +271,8 @@ pub struct Decoder {
     layers: Vec<Layer>,
     output_norm: Tensor<1>,
     head: GgmlLinear,
+    /// `rope_freqs.weight` (`head_dim / 2` frequency divisors, Llama 3.1+), if present.
+    rope_freqs: Option<Vec<f32>>,
     device: Device,
 }
 
@@ -234,41 +291,100 @@ fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     x * (inner.tanh() + 1.0) * 0.5
 }
 
-/// cos and sin of NEOX RoPE angles `pos * base^(-2i/d)` for positions `start..start + n`,
-/// each `[n, 1, d/2]`; angles in f64 as the reference does.
-fn rope_tables(
-    start: usize,
-    n: usize,
-    head_dim: usize,
-    base: f32,
-    device: &Device,
-) -> (Tensor<3>, Tensor<3>) {
-    let half = head_dim / 2;
-    let mut cos = Vec::with_capacity(n * half);
-    let mut sin = Vec::with_capacity(n * half);
-    for p in start..start + n {
-        for i in 0..half {
-            let theta = (base as f64).powf(-2.0 * i as f64 / head_dim as f64);
-            let a = p as f64 * theta;
-            cos.push(a.cos() as f32);
-            sin.push(a.sin() as f32);
-        }
-    }
-    (
-        Tensor::from_data(TensorData::new(cos, [n, 1, half]), device),
-        Tensor::from_data(TensorData::new(sin, [n, 1, half]), device),
-    )
+/// How RoPE pairs the dimensions of a head (llama.cpp `LLAMA_ROPE_TYPE_*`, case C16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Element `i` rotates with `i + d/2` (GPT-NeoX; Qwen, Gemma).
+    Neox,
+    /// Adjacent pairs `(2i, 2i + 1)` (llama.cpp's `llama`, whose converter permutes Q and K
+    /// for it).
+    Norm,
 }
 
-/// NEOX rotation of `x` `[n, heads, d]`: pairs `(i, i + d/2)`.
-fn rope(x: Tensor<3>, cos: &Tensor<3>, sin: &Tensor<3>) -> Tensor<3> {
-    let [_, _, d] = x.dims();
-    let half = d / 2;
-    let x1 = x.clone().narrow(2, 0, half);
-    let x2 = x.narrow(2, half, half);
-    let r1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
-    let r2 = x1 * sin.clone() + x2 * cos.clone();
-    Tensor::cat(vec![r1, r2], 2)
+/// Rotary position embedding tables for positions `start..start + n`: `cos` and `sin` of
+/// `pos * base^(-2i/d) / freq_factors[i]`, each `[n, 1, d/2]` (angles in f64).
+#[derive(Clone, Debug)]
+pub struct Rope {
+    cos: Tensor<3>,
+    sin: Tensor<3>,
+    style: RopeStyle,
+}
+
+impl Rope {
+    /// Tables for `n` positions from `start`, heads of `head_dim`; `freq_factors` (`head_dim / 2`
+    /// values, llama.cpp `rope_freqs`) divide the frequencies where given.
+    pub fn new(
+        start: usize,
+        n: usize,
+        head_dim: usize,
+        base: f32,
+        style: RopeStyle,
+        freq_factors: Option<&[f32]>,
+        device: &Device,
+    ) -> Self {
+        let half = head_dim / 2;
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for p in start..start + n {
+            for i in 0..half {
+                let factor = freq_factors.map_or(1.0, |f| f[i] as f64);
+                let theta = (base as f64).powf(-2.0 * i as f64 / head_dim as f64) / factor;
+                let a = p as f64 * theta;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        Self {
+            cos: Tensor::from_data(TensorData::new(cos, [n, 1, half]), device),
+            sin: Tensor::from_data(TensorData::new(sin, [n, 1, half]), device),
+            style,
+        }
+    }
+
+    /// Rotates `x` `[n, heads, head_dim]`.
+    pub fn apply(&self, x: Tensor<3>) -> Tensor<3> {
+        let [n, h, d] = x.dims();
+        let half = d / 2;
+        let (cos, sin) = (self.cos.clone(), self.sin.clone());
+        match self.style {
+            RopeStyle::Neox => {
+                let x1 = x.clone().narrow(2, 0, half);
+                let x2 = x.narrow(2, half, half);
+                let r1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
+                let r2 = x1 * sin + x2 * cos;
+                Tensor::cat(vec![r1, r2], 2)
+            }
+            RopeStyle::Norm => {
+                let pairs = x.reshape([n, h, half, 2]);
+                let x1 = pairs.clone().narrow(3, 0, 1).reshape([n, h, half]);
+                let x2 = pairs.narrow(3, 1, 1).reshape([n, h, half]);
+                let r1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
+                let r2 = x1 * sin + x2 * cos;
+                Tensor::stack::<4>(vec![r1, r2], 3).reshape([n, h, d])
+            }
+        }
+    }
+}
+
+/// The top `n_expert_used` experts of each row of `probs` (`[n, n_expert]`, softmax of the
+/// router logits), highest first, with their probabilities, renormalised to sum to 1 when
+/// `norm_top_k` (llama.cpp `build_moe_ffn` with `norm_w`). Returns `(ids, weights)`, `[n, k]`
+/// row-major each.
+fn route(probs: &[f32], moe: &Moe) -> (Vec<u32>, Vec<f32>) {
+    let (ne, k) = (moe.n_expert, moe.n_expert_used);
+    let mut ids = Vec::with_capacity(probs.len() / ne * k);
+    let mut weights = Vec::with_capacity(ids.capacity());
+    for row in probs.chunks_exact(ne) {
+        let mut order: Vec<usize> = (0..ne).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        let top = &order[..k];
+        let sum: f32 = top.iter().map(|&e| row[e]).sum();
+        for &e in top {
+            ids.push(e as u32);
+            weights.push(if moe.norm_top_k { row[e] / sum } else { row[e] });
+        }
+    }
+    (ids, weights)
 }
 
 /// Additive mask `[n, total]` for queries at positions `past..past + n` over keys `0..total`:
@@ -328,9 +444,25 @@ impl Decoder {
                     false => None,
                 },
                 ffn_norm: loader.dense(&n("ffn_norm"))?,
-                gate: loader.linear(&n("ffn_gate"))?,
-                up: loader.linear(&n("ffn_up"))?,
-                down: loader.linear(&n("ffn_down"))?,
+                ffn: match config.moe {
+                    None => Ffn::Dense {
+                        gate: loader.linear(&n("ffn_gate"))?,
+                        up: loader.linear(&n("ffn_up"))?,
+                        down: loader.linear(&n("ffn_down"))?,
+                    },
+                    Some(_) => Ffn::Moe {
+                        router: loader.dense(&n("ffn_gate_inp"))?,
+                        experts: if file.tensor(&n("ffn_gate_up_exps")).is_some() {
+                            loader.experts_merged(&n("ffn_gate_up_exps"), &n("ffn_down_exps"))?
+                        } else {
+                            loader.experts(
+                                &n("ffn_gate_exps"),
+                                &n("ffn_up_exps"),
+                                &n("ffn_down_exps"),
+                            )?
+                        },
+                    },
+                },
             });
         }
         let output_norm = loader.dense("output_norm.weight")?;
@@ -340,12 +472,33 @@ impl Decoder {
         } else {
             embed.as_linear()
         };
+        let rope_freqs = match file.tensor("rope_freqs.weight") {
+            None => None,
+            Some(_) => {
+                let t: Tensor<1> = loader.dense("rope_freqs.weight")?;
+                let f = t
+                    .try_into_data()
+                    .map_err(|e| Error::Device(format!("{e:?}")))?
+                    .try_to_vec::<f32>()
+                    .map_err(|e| Error::Device(format!("{e:?}")))?;
+                if f.len() != config.head_dim / 2 || f.iter().any(|x| !(x.is_finite() && *x > 0.0))
+                {
+                    return Err(Error::Model(format!(
+                        "rope_freqs.weight: {} values, expected {} positive ones",
+                        f.len(),
+                        config.head_dim / 2
+                    )));
+                }
+                Some(f)
+            }
+        };
         let model = Self {
             config,
             embed,
             layers,
             output_norm,
             head,
+            rope_freqs,
             device: loader.device().clone(),
         };
         model.check_shapes()?;
@@ -380,9 +533,35 @@ impl Decoder {
             expect(n("attn_k"), l.wk.weight.shape(), [c.n_head_kv * hd, e])?;
             expect(n("attn_v"), l.wv.weight.shape(), [c.n_head_kv * hd, e])?;
             expect(n("attn_output"), l.wo.weight.shape(), [e, c.n_head * hd])?;
-            expect(n("ffn_gate"), l.gate.weight.shape(), [c.n_ff, e])?;
-            expect(n("ffn_up"), l.up.weight.shape(), [c.n_ff, e])?;
-            expect(n("ffn_down"), l.down.weight.shape(), [e, c.n_ff])?;
+            match (&l.ffn, &c.moe) {
+                (Ffn::Dense { gate, up, down }, _) => {
+                    expect(n("ffn_gate"), gate.weight.shape(), [c.n_ff, e])?;
+                    expect(n("ffn_up"), up.weight.shape(), [c.n_ff, e])?;
+                    expect(n("ffn_down"), down.weight.shape(), [e, c.n_ff])?;
+                }
+                (Ffn::Moe { router, experts }, Some(m)) => {
+                    expect(n("ffn_gate_inp"), router.dims(), [m.n_expert, e])?;
+                    if experts.n_expert() != m.n_expert {
+                        return Err(Error::Model(format!(
+                            "{}: {} experts, expected {}",
+                            n("ffn_down_exps"),
+                            experts.n_expert(),
+                            m.n_expert
+                        )));
+                    }
+                    expect(
+                        n("ffn_gate_exps"),
+                        experts.gate[0].shape(),
+                        [m.n_ff_expert, e],
+                    )?;
+                }
+                (Ffn::Moe { .. }, None) => {
+                    return Err(Error::Model(format!(
+                        "{}: a MoE layer without a MoE config",
+                        n("ffn")
+                    )));
+                }
+            }
             let mut norms = vec![("attn_norm", &l.attn_norm, e), ("ffn_norm", &l.ffn_norm, e)];
             if let Some([q, k]) = &l.qk_norm {
                 norms.extend([("attn_q_norm", q, hd), ("attn_k_norm", k, hd)]);
@@ -446,11 +625,13 @@ impl Decoder {
         if let Some(s) = c.embed_scale {
             x = x * s;
         }
-        let rope_global = rope_tables(past, n, hd, c.rope_base, dev);
+        let factors = self.rope_freqs.as_deref();
+        let rope_global = Rope::new(past, n, hd, c.rope_base, c.rope_style, factors, dev);
         let mask_global = attention_mask(past, n, None, dev);
         let (rope_local, mask_local) = match &c.sliding_window {
+            // llama.cpp gemma3: the local layers use their own base and no frequency scaling.
             Some(w) => (
-                rope_tables(past, n, hd, w.rope_base, dev),
+                Rope::new(past, n, hd, w.rope_base, c.rope_style, None, dev),
                 attention_mask(past, n, Some(w.window), dev),
             ),
             None => (rope_global.clone(), mask_global.clone()),
@@ -458,7 +639,7 @@ impl Decoder {
 
         for (il, l) in self.layers.iter().enumerate() {
             let local = c.is_local(il);
-            let (cos, sin) = if local { &rope_local } else { &rope_global };
+            let rope = if local { &rope_local } else { &rope_global };
             let mask = if local { &mask_local } else { &mask_global };
 
             let h = rms_norm(x.clone(), &l.attn_norm, c.rms_eps);
@@ -469,8 +650,8 @@ impl Decoder {
                 k = rms_norm(k, kn, c.rms_eps);
             }
             let v = l.wv.forward(h).reshape([n, nkv, hd]);
-            let q = rope(q, cos, sin).swap_dims(0, 1); // [nh, n, hd]
-            let k = rope(k, cos, sin).swap_dims(0, 1); // [nkv, n, hd]
+            let q = rope.apply(q).swap_dims(0, 1); // [nh, n, hd]
+            let k = rope.apply(k).swap_dims(0, 1); // [nkv, n, hd]
             let v = v.swap_dims(0, 1);
             let (k, v) = match cache.layers[il].take() {
                 Some((pk, pv)) => (Tensor::cat(vec![pk, k], 1), Tensor::cat(vec![pv, v], 1)),
@@ -498,12 +679,30 @@ impl Decoder {
             x = x + o;
 
             let h = rms_norm(x.clone(), &l.ffn_norm, c.rms_eps);
-            let g = l.gate.forward(h.clone());
-            let g = match c.activation {
-                Activation::Silu => silu(g),
-                Activation::GeluTanh => gelu_tanh(g),
+            let mut d = match &l.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    let g = gate.forward(h.clone());
+                    let g = match c.activation {
+                        Activation::Silu => silu(g),
+                        Activation::GeluTanh => gelu_tanh(g),
+                    };
+                    down.forward(g * up.forward(h))
+                }
+                Ffn::Moe { router, experts } => {
+                    let m = c
+                        .moe
+                        .as_ref()
+                        .ok_or_else(|| Error::Model("a MoE layer without a MoE config".into()))?;
+                    let probs = softmax(h.clone().matmul(router.clone().transpose()), 1);
+                    let probs = probs
+                        .try_into_data()
+                        .map_err(|e| Error::Device(format!("{e:?}")))?
+                        .try_to_vec::<f32>()
+                        .map_err(|e| Error::Device(format!("{e:?}")))?;
+                    let (ids, weights) = route(&probs, m);
+                    experts.forward(h, &ids, &weights, m.n_expert_used)?
+                }
             };
-            let mut d = l.down.forward(g * l.up.forward(h));
             if let Some([_, post_ffw]) = &l.post_norms {
                 d = rms_norm(d, post_ffw, c.rms_eps);
             }

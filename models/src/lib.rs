@@ -1,11 +1,16 @@
-//! Model architectures over burn-gguf: one decoder skeleton for Gemma 3 and Qwen3, the tokenizer
+//! Model architectures over burn-gguf: one decoder skeleton for Gemma 3, Llama, Qwen3 and
+//! Qwen3-MoE, the tokenizer
 //! from GGUF metadata, sampling and generation with a KV cache.
+pub mod chat;
 pub mod decoder;
 pub mod generate;
 pub mod sampling;
 pub mod tokenizer;
 
-pub use decoder::{ARCHITECTURES, Activation, Decoder, DecoderConfig, KvCache, SlidingWindow};
+pub use chat::{ChatTemplate, Message};
+pub use decoder::{
+    ARCHITECTURES, Activation, Decoder, DecoderConfig, KvCache, Moe, Rope, RopeStyle, SlidingWindow,
+};
 pub use generate::{CausalLm, Generation, Timings, generate};
 pub use sampling::{Sampler, SamplerConfig};
 pub use tokenizer::GgufTokenizer;
@@ -19,6 +24,9 @@ pub enum Error {
     /// Loading weights failed.
     #[error(transparent)]
     Load(#[from] burn_gguf::Error),
+    /// A chat template failed to load or render.
+    #[error(transparent)]
+    Chat(#[from] chat::ChatError),
     /// Tokenizer construction or use failed.
     #[error(transparent)]
     Tokenizer(#[from] tokenizer::TokenizerError),

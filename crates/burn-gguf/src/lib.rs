@@ -3,7 +3,8 @@
 //! A GGUF file's quantized blocks go to the device unchanged ([`GgmlTensor`]); CubeCL kernels
 //! (`ggml-kernels`) decode them in registers, fused into the matrix-vector product, through a
 //! Burn backend extension ([`ops::GgmlOps`]) that works on `CubeBackend` and on
-//! `Fusion<CubeBackend>`. Packed modules ([`GgmlLinear`], [`GgmlEmbedding`]) wrap the type, and
+//! `Fusion<CubeBackend>`. Packed modules ([`GgmlLinear`], [`GgmlEmbedding`], [`GgmlExperts`]) wrap
+//! the type, and
 //! [`GgufLoader`] builds them from a file, falling back to dequantization, explicitly and
 //! reported, when no kernel fits.
 pub mod loader;
@@ -12,7 +13,7 @@ pub mod ops;
 pub mod tensor;
 
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport};
-pub use nn::{GgmlEmbedding, GgmlLinear, Weight};
+pub use nn::{GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};
 pub use tensor::GgmlTensor;
 
 use burn::backend::DispatchDevice;

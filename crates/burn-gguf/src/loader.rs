@@ -1,5 +1,5 @@
 //! GGUF-to-Burn loader: packed weights where a kernel fits, explicit dequantization otherwise.
-use crate::nn::{GgmlEmbedding, GgmlLinear, Weight};
+use crate::nn::{GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};
 use crate::tensor::GgmlTensor;
 use crate::{Error, cube_client};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -175,29 +175,59 @@ impl<'a> GgufLoader<'a> {
         }
     }
 
-    /// The tensor dequantized on the CPU. A dense tensor lives in one device buffer, so one larger
-    /// than the device's largest buffer is an error here rather than a failed allocation later.
-    fn dense_values(&self, info: &TensorInfo) -> Result<Vec<f32>, Error> {
-        let n = usize::try_from(info.n_elements()).map_err(|_| Error::Tensor {
-            name: info.name.clone(),
-            reason: "too many elements".into(),
-        })?;
-        let bytes = info.n_elements().saturating_mul(size_of::<f32>() as u64);
-        if let Some(max) = crate::max_buffer_bytes(&self.device).filter(|&max| bytes > max) {
+    /// `bytes` (`n` values of `info`'s type, all of `info` or a slice of it) dequantized on the
+    /// CPU. A dense tensor lives in one device buffer, so one larger than the device's largest
+    /// buffer is an error here rather than a failed allocation later.
+    fn dense_values(&self, info: &TensorInfo, bytes: &[u8], n: usize) -> Result<Vec<f32>, Error> {
+        let f32_bytes = (n as u64).saturating_mul(size_of::<f32>() as u64);
+        if let Some(max) = crate::max_buffer_bytes(&self.device).filter(|&max| f32_bytes > max) {
             return Err(Error::Tensor {
                 name: info.name.clone(),
                 reason: format!(
-                    "dequantized it takes {bytes} bytes of f32, more than the device's largest \
-                     buffer ({max} bytes); dense fallback of a tensor this large is not supported"
+                    "dequantized it takes {f32_bytes} bytes of f32, more than the device's \
+                     largest buffer ({max} bytes); dense fallback of a tensor this large is not \
+                     supported"
                 ),
             });
         }
-        ggml_codec::dequantize_to_vec(info.ggml_type, self.file.tensor_data(info), n).map_err(|e| {
-            Error::Tensor {
-                name: info.name.clone(),
-                reason: e.to_string(),
-            }
+        ggml_codec::dequantize_to_vec(info.ggml_type, bytes, n).map_err(|e| Error::Tensor {
+            name: info.name.clone(),
+            reason: e.to_string(),
         })
+    }
+
+    /// Why `info` cannot be packed on this device before trying, if a reason is known.
+    fn why_not_packed(&self) -> Option<String> {
+        if self.config.dequantize {
+            Some("GgufConfig::dequantize is set".to_string())
+        } else if cube_client(&self.device).is_none() {
+            Some("the device is not a CubeCL device".to_string())
+        } else {
+            None
+        }
+    }
+
+    /// `bytes`, a `[rows, cols]` matrix of `info`'s type, as a [`Weight`]: packed when a kernel
+    /// decodes the type on this device, else dequantized, with the reason.
+    fn matrix(
+        &self,
+        info: &TensorInfo,
+        bytes: &[u8],
+        shape: [usize; 2],
+    ) -> Result<(Weight, Option<String>), Error> {
+        let packed = match self.why_not_packed() {
+            Some(why) => Err(why),
+            None => GgmlTensor::from_bytes(bytes, info.ggml_type, shape, &self.device)
+                .map_err(|e| e.to_string()),
+        };
+        match packed {
+            Ok(t) => Ok((Weight::Packed(t), None)),
+            Err(why) => {
+                let values = self.dense_values(info, bytes, shape[0] * shape[1])?;
+                let t = Tensor::<2>::from_data(TensorData::new(values, shape), &self.device);
+                Ok((Weight::Dense(t), Some(why)))
+            }
+        }
     }
 
     /// A 2-D weight `name` (ggml `ne = [cols, rows]`) as a [`Weight`] `[rows, cols]`: packed when
@@ -211,35 +241,81 @@ impl<'a> GgufLoader<'a> {
             name: name.into(),
             reason: format!("expected a 2-D weight, found shape {:?}", info.shape()),
         })?;
-        let why_not = if self.config.dequantize {
-            Some("GgufConfig::dequantize is set".to_string())
-        } else if cube_client(&self.device).is_none() {
-            Some("the device is not a CubeCL device".to_string())
-        } else {
-            None
+        let (w, why) = self.matrix(info, self.file.tensor_data(info), shape)?;
+        self.record(info, why.map_or(LoadKind::Packed, LoadKind::Dequantized));
+        Ok(w)
+    }
+
+    /// A 3-D expert bank `name` `[n_expert, rows, cols]` (Burn order), each expert's rows split
+    /// into `parts` equal row ranges: `[part][expert]` weights `[rows / parts, cols]`. Recorded
+    /// as one report entry, packed only if every expert is.
+    fn expert_bank(&self, name: &str, parts: usize) -> Result<Vec<Vec<Weight>>, Error> {
+        let info = self.info(name)?;
+        let bad = |reason: String| Error::Tensor {
+            name: name.into(),
+            reason,
         };
-        let packed = match why_not {
-            Some(why) => Err(why),
-            None => GgmlTensor::from_bytes(
-                self.file.tensor_data(info),
-                info.ggml_type,
-                shape,
-                &self.device,
-            )
-            .map_err(|e| e.to_string()),
-        };
-        match packed {
-            Ok(t) => {
-                self.record(info, LoadKind::Packed);
-                Ok(Weight::Packed(t))
-            }
-            Err(why) => {
-                let values = self.dense_values(info)?;
-                let t = Tensor::<2>::from_data(TensorData::new(values, shape), &self.device);
-                self.record(info, LoadKind::Dequantized(why));
-                Ok(Weight::Dense(t))
+        let [n_expert, rows, cols]: [usize; 3] = info.shape().try_into().map_err(|_| {
+            bad(format!(
+                "expected a 3-D expert bank, found shape {:?}",
+                info.shape()
+            ))
+        })?;
+        if rows == 0 || !rows.is_multiple_of(parts) {
+            return Err(bad(format!(
+                "{rows} rows do not split into {parts} equal parts"
+            )));
+        }
+        let row_bytes = info
+            .ggml_type
+            .row_bytes(cols as u64)
+            .map_err(|e| bad(e.to_string()))? as usize;
+        let data = self.file.tensor_data(info);
+        let part_rows = rows / parts;
+        let mut banks: Vec<Vec<Weight>> =
+            (0..parts).map(|_| Vec::with_capacity(n_expert)).collect();
+        let mut why_not = None;
+        for e in 0..n_expert {
+            for (p, bank) in banks.iter_mut().enumerate() {
+                // In bounds: the reader checked n_expert * rows * row_bytes against the file.
+                let start = (e * rows + p * part_rows) * row_bytes;
+                let bytes = &data[start..start + part_rows * row_bytes];
+                let (w, why) = self.matrix(info, bytes, [part_rows, cols])?;
+                why_not = why_not.or(why);
+                bank.push(w);
             }
         }
+        self.record(
+            info,
+            why_not.map_or(LoadKind::Packed, LoadKind::Dequantized),
+        );
+        Ok(banks)
+    }
+
+    /// MoE experts from separate banks `gate`, `up` `[n_expert, d_ff, d_model]` and `down`
+    /// `[n_expert, d_model, d_ff]` (llama.cpp `ffn_{gate,up,down}_exps`).
+    ///
+    /// # Errors
+    /// Missing tensors, wrong ranks, or banks whose expert counts differ.
+    pub fn experts(&self, gate: &str, up: &str, down: &str) -> Result<GgmlExperts, Error> {
+        let gate = self.expert_bank(gate, 1)?.remove(0);
+        let up = self.expert_bank(up, 1)?.remove(0);
+        let down = self.expert_bank(down, 1)?.remove(0);
+        experts_of(gate, up, down)
+    }
+
+    /// MoE experts from a merged `gate_up` bank `[n_expert, 2 d_ff, d_model]` whose first `d_ff`
+    /// rows per expert are the gate (as mainline llama.cpp writes `ffn_gate_up_exps`, case C20)
+    /// and `down` `[n_expert, d_model, d_ff]`.
+    ///
+    /// # Errors
+    /// As [`GgufLoader::experts`], and an odd number of `gate_up` rows.
+    pub fn experts_merged(&self, gate_up: &str, down: &str) -> Result<GgmlExperts, Error> {
+        let mut gu = self.expert_bank(gate_up, 2)?;
+        let up = gu.pop().expect("two parts");
+        let gate = gu.pop().expect("two parts");
+        let down = self.expert_bank(down, 1)?.remove(0);
+        experts_of(gate, up, down)
     }
 
     /// A Linear layer without bias from the 2-D weight `name` (see [`GgufLoader::weight`]).
@@ -274,9 +350,33 @@ impl<'a> GgufLoader<'a> {
             name: name.into(),
             reason: format!("expected rank {D}, found shape {:?}", info.shape()),
         })?;
-        let values = self.dense_values(info)?;
+        let n = shape.iter().product();
+        let values = self.dense_values(info, self.file.tensor_data(info), n)?;
         let t = Tensor::<D>::from_data(TensorData::new(values, shape), &self.device);
         self.record(info, LoadKind::Dense);
         Ok(t)
     }
+}
+
+/// Checks that three expert banks agree in expert count and shapes.
+fn experts_of(gate: Vec<Weight>, up: Vec<Weight>, down: Vec<Weight>) -> Result<GgmlExperts, Error> {
+    let n = gate.len();
+    let ok = n > 0
+        && up.len() == n
+        && down.len() == n
+        && (0..n).all(|e| {
+            let [f, d] = gate[e].shape();
+            up[e].shape() == [f, d] && down[e].shape() == [d, f]
+        });
+    if !ok {
+        return Err(Error::Shape(format!(
+            "expert banks disagree: gate {:?} x {n}, up {:?} x {}, down {:?} x {}",
+            gate.first().map(Weight::shape),
+            up.first().map(Weight::shape),
+            up.len(),
+            down.first().map(Weight::shape),
+            down.len()
+        )));
+    }
+    Ok(GgmlExperts { gate, up, down })
 }
