@@ -262,6 +262,21 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Keeps the first `len` tokens (no-op when `len >= self.len()`), so a conversation reuses
+    /// the keys and values of its common prefix.
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        for layer in &mut self.layers {
+            *layer = match layer.take() {
+                Some((k, v)) if len > 0 => Some((k.narrow(1, 0, len), v.narrow(1, 0, len))),
+                _ => None,
+            };
+        }
+        self.len = len;
+    }
 }
 
 /// A decoder-only language model with packed weights on one device.

@@ -23,6 +23,8 @@ pub trait CausalLm {
         cache: &mut Self::Cache,
         all_logits: bool,
     ) -> Result<Tensor<2>, Error>;
+    /// Drops all but the first `len` cached tokens.
+    fn truncate_cache(&self, cache: &mut Self::Cache, len: usize);
 }
 
 impl CausalLm for crate::decoder::Decoder {
@@ -37,6 +39,31 @@ impl CausalLm for crate::decoder::Decoder {
         all_logits: bool,
     ) -> Result<Tensor<2>, Error> {
         crate::decoder::Decoder::forward(self, ids, cache, all_logits)
+    }
+    fn truncate_cache(&self, cache: &mut Self::Cache, len: usize) {
+        cache.truncate(len);
+    }
+}
+
+/// A conversation's KV cache and the token ids it holds, carried across turns: a new prompt
+/// that starts with the same ids (a chat history rendered again) only runs its new tokens.
+pub struct Session<C> {
+    cache: C,
+    ids: Vec<u32>,
+}
+
+impl<C> Session<C> {
+    /// An empty session for `model`.
+    pub fn new<M: CausalLm<Cache = C>>(model: &M) -> Self {
+        Self {
+            cache: model.new_cache(),
+            ids: Vec::new(),
+        }
+    }
+
+    /// The ids whose keys and values are cached.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
     }
 }
 
@@ -104,8 +131,9 @@ pub fn next_token(logits: Tensor<2>, sampler: &mut Sampler) -> Result<u32, Error
     }
 }
 
-/// Generates up to `max_new` tokens after `prompt`, calling `on_text` with each new piece of
-/// text as soon as it is complete UTF-8. Stops early at an end-of-generation token.
+/// Generates up to `max_new` tokens after `prompt` (encoded with the tokenizer's BOS rule),
+/// calling `on_text` with each new piece of text as soon as it is complete UTF-8. Stops early at
+/// an end-of-generation token.
 ///
 /// # Errors
 /// Tokenizer, model or device errors.
@@ -115,15 +143,51 @@ pub fn generate<M: CausalLm>(
     prompt: &str,
     max_new: usize,
     sampler: &mut Sampler,
-    mut on_text: impl FnMut(&str),
+    on_text: impl FnMut(&str),
 ) -> Result<Generation, Error> {
     let prompt_ids = tokenizer.encode(prompt, true)?;
+    let mut session = Session::new(model);
+    generate_ids(
+        model,
+        tokenizer,
+        &mut session,
+        prompt_ids,
+        max_new,
+        sampler,
+        on_text,
+    )
+}
+
+/// [`generate`] from token ids in a [`Session`]: the longest prefix of `prompt_ids` already in
+/// the session's cache is reused, the rest is prefilled (`timings.prompt_tokens` counts those).
+/// Afterwards the session holds `prompt_ids` and the generated tokens fed back.
+///
+/// # Errors
+/// An empty prompt; tokenizer, model or device errors.
+pub fn generate_ids<M: CausalLm>(
+    model: &M,
+    tokenizer: &GgufTokenizer,
+    session: &mut Session<M::Cache>,
+    prompt_ids: Vec<u32>,
+    max_new: usize,
+    sampler: &mut Sampler,
+    mut on_text: impl FnMut(&str),
+) -> Result<Generation, Error> {
     if prompt_ids.is_empty() {
         return Err(Error::Model("the prompt has no tokens".into()));
     }
-    let mut cache = model.new_cache();
+    // Reuse the common prefix, but always run at least the last prompt token.
+    let reuse = session
+        .ids
+        .iter()
+        .zip(&prompt_ids)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(prompt_ids.len() - 1);
+    model.truncate_cache(&mut session.cache, reuse);
+    session.ids.truncate(reuse);
     let mut timings = Timings {
-        prompt_tokens: prompt_ids.len(),
+        prompt_tokens: prompt_ids.len() - reuse,
         ..Default::default()
     };
     let mut generated = Vec::new();
@@ -147,7 +211,8 @@ pub fn generate<M: CausalLm>(
     }
 
     let t0 = Instant::now();
-    let logits = model.forward(&prompt_ids, &mut cache, false)?;
+    let logits = model.forward(&prompt_ids[reuse..], &mut session.cache, false)?;
+    session.ids.extend_from_slice(&prompt_ids[reuse..]);
     let mut token = next_token(logits, sampler)?;
     timings.prompt_ms = ms(t0.elapsed());
     generated.push(token);
@@ -155,7 +220,8 @@ pub fn generate<M: CausalLm>(
 
     let t1 = Instant::now();
     while generated.len() < max_new && !tokenizer.is_eog(token) {
-        let logits = model.forward(&[token], &mut cache, false)?;
+        let logits = model.forward(&[token], &mut session.cache, false)?;
+        session.ids.push(token);
         token = next_token(logits, sampler)?;
         generated.push(token);
         timings.decode_tokens += 1;

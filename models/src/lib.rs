@@ -11,7 +11,7 @@ pub use chat::{ChatTemplate, Message};
 pub use decoder::{
     ARCHITECTURES, Activation, Decoder, DecoderConfig, KvCache, Moe, Rope, RopeStyle, SlidingWindow,
 };
-pub use generate::{CausalLm, Generation, Timings, generate};
+pub use generate::{CausalLm, Generation, Session, Timings, generate, generate_ids};
 pub use sampling::{Sampler, SamplerConfig};
 pub use tokenizer::GgufTokenizer;
 

@@ -126,3 +126,63 @@ fn builtin_template_and_bad_templates() {
     // A template that does not parse is an error at load, not at first use.
     assert!(ChatTemplate::new("{% for %}", "", "").is_err());
 }
+
+/// A second chat turn reuses the cached history: it prefills only the new tokens and gives the
+/// same greedy reply as a fresh session over the whole rendered conversation.
+#[test]
+fn chat_session_reuses_the_history_cache() {
+    use burn_gguf::{GgufConfig, GgufLoader};
+    use burn_gguf_models::{Decoder, Sampler, SamplerConfig, Session, generate_ids};
+    let file = GgufFile::open(fixtures().join("gguf/tiny-qwen3-Q8_0.gguf")).unwrap();
+    let tok = GgufTokenizer::from_gguf(&file).unwrap();
+    let t = ChatTemplate::from_gguf(&file, &tok).unwrap();
+    let device = burn_gguf::default_device();
+    let loader = GgufLoader::new(&file, &device, GgufConfig::default());
+    let model = Decoder::load(&loader).unwrap();
+    let greedy = || {
+        Sampler::new(SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        })
+    };
+    let mut session = Session::new(&model);
+    let mut messages = vec![Message::new("user", "Hello world!")];
+    let prompt = tok
+        .encode_prompt(&t.render(&messages, true, &json!({})).unwrap())
+        .unwrap();
+    let first = generate_ids(&model, &tok, &mut session, prompt, 6, &mut greedy(), |_| {}).unwrap();
+    messages.push(Message::new("assistant", first.text.trim()));
+    messages.push(Message::new("user", "The capital of France is"));
+    let prompt = tok
+        .encode_prompt(&t.render(&messages, true, &json!({})).unwrap())
+        .unwrap();
+    let second = generate_ids(
+        &model,
+        &tok,
+        &mut session,
+        prompt.clone(),
+        6,
+        &mut greedy(),
+        |_| {},
+    )
+    .unwrap();
+    assert!(
+        second.timings.prompt_tokens < prompt.len(),
+        "{} of {} prompt tokens prefilled",
+        second.timings.prompt_tokens,
+        prompt.len()
+    );
+    let mut fresh = Session::new(&model);
+    let again = generate_ids(
+        &model,
+        &tok,
+        &mut fresh,
+        prompt.clone(),
+        6,
+        &mut greedy(),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(again.timings.prompt_tokens, prompt.len());
+    assert_eq!(second.generated_ids, again.generated_ids);
+}

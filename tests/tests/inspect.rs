@@ -8,9 +8,19 @@ use std::collections::BTreeMap;
 #[test]
 fn summary_of_gemma_lists_header_types_and_tensors() {
     let file = GgufFile::open(burn_gguf_tests::gemma_path()).unwrap();
-    let s = summary(&file);
+    let s = summary(&file, &burn_gguf::default_device());
     assert!(s.starts_with("GGUF v3, 253113024 bytes, alignment 32, data section at byte 6525120, 33 metadata keys, 236 tensors"), "{s}");
     assert!(s.contains("token_embd.weight"), "{s}");
+    // The load plan column: weights packed (token_embd's 178 MB split across buffers), norms
+    // dense.
+    let line = |name: &str| {
+        s.lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap()
+    };
+    assert!(line("token_embd.weight ").ends_with("packed"), "{s}");
+    assert!(line("blk.0.attn_q.weight ").ends_with("packed"), "{s}");
+    assert!(line("blk.0.attn_norm.weight ").ends_with("dense"), "{s}");
     assert!(s.contains("[262144, 640]"), "{s}");
     // Arrays are abbreviated: 262144 tokens shown as 5 + 5.
     assert!(s.contains("tokenizer.ggml.tokens (ARRAY[STRING]) = [\"<pad>\", \"<eos>\", \"<bos>\", \"<unk>\", \"<mask>\", ... (262134 more)"), "{s}");

@@ -88,3 +88,49 @@ fn dense_fallback_larger_than_a_device_buffer_is_an_error() {
         "{err}"
     );
 }
+
+/// `plan` says what the loader will do before loading: it agrees with the load report for a
+/// packed weight, a weight whose rows do not fit the kernel blocks, a norm, and under
+/// `GgufConfig::dequantize`.
+#[test]
+fn plan_agrees_with_the_load_report() {
+    let device = burn_gguf::default_device();
+    let mut w = GgufWriter::new();
+    let values = rand_vec(8 * 64, 3);
+    w.add_tensor(
+        "w",
+        GgmlType::Q8_0,
+        &[64, 8],
+        &ggml_codec::quantize_q8_0(&values),
+    )
+    .unwrap();
+    // F32 rows of 40 values: no whole 32-value kernel block.
+    let odd: Vec<u8> = rand_vec(3 * 40, 4)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    w.add_tensor("odd", GgmlType::F32, &[40, 3], &odd).unwrap();
+    let norm: Vec<u8> = [1f32; 64].iter().flat_map(|v| v.to_le_bytes()).collect();
+    w.add_tensor("norm", GgmlType::F32, &[64], &norm).unwrap();
+    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    for config in [GgufConfig::default(), GgufConfig { dequantize: true }] {
+        let loader = GgufLoader::new(&file, &device, config.clone());
+        loader.weight("w").unwrap();
+        loader.weight("odd").unwrap();
+        loader.dense::<1>("norm").unwrap();
+        for e in loader.report().entries {
+            let info = file.tensor(&e.name).unwrap();
+            assert_eq!(
+                burn_gguf::plan(info, &device, &config),
+                e.kind,
+                "{}",
+                e.name
+            );
+        }
+    }
+    let odd = file.tensor("odd").unwrap();
+    assert!(matches!(
+        burn_gguf::plan(odd, &device, &GgufConfig::default()),
+        LoadKind::Dequantized(why) if why.contains("multiple of 32")
+    ));
+}

@@ -12,7 +12,7 @@ pub mod nn;
 pub mod ops;
 pub mod tensor;
 
-pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport};
+pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
 pub use nn::{GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};
 pub use tensor::GgmlTensor;
 

@@ -103,6 +103,30 @@ impl fmt::Display for LoadReport {
     }
 }
 
+/// What [`GgufLoader`] does with the tensor `info` on `device` under `config`, decided without
+/// loading it: rank-1 tensors (norms, biases) load dense; 2-D weights and 3-D expert banks are
+/// packed when a kernel decodes the type at this shape on this device, else dequantized, with
+/// the reason.
+pub fn plan(info: &TensorInfo, device: &Device, config: &GgufConfig) -> LoadKind {
+    let shape = info.shape();
+    if shape.len() < 2 {
+        return LoadKind::Dense;
+    }
+    if config.dequantize {
+        return LoadKind::Dequantized("GgufConfig::dequantize is set".into());
+    }
+    let Some(max_buffer) = crate::max_buffer_bytes(device) else {
+        return LoadKind::Dequantized("the device is not a CubeCL device".into());
+    };
+    // A matrix, or one expert of a bank: rows are the second-to-last dimension.
+    let rows = shape[shape.len() - 2];
+    let cols = shape[shape.len() - 1];
+    match GgmlTensor::rows_per_buffer(info.ggml_type, [rows, cols], max_buffer) {
+        Ok(_) => LoadKind::Packed,
+        Err(e) => LoadKind::Dequantized(e.to_string()),
+    }
+}
+
 type Progress<'a> = Box<dyn Fn(u64) + Send + Sync + 'a>;
 
 /// Loads tensors of one GGUF file onto one Burn device.

@@ -86,17 +86,7 @@ impl GgmlTensor {
         max_buffer: u64,
     ) -> Result<Self, Error> {
         let [rows, cols] = shape;
-        let max_buffer = max_buffer.min(u32::MAX as u64) as usize;
-        let no_kernel = || Error::Unsupported {
-            ggml_type,
-            reason: "no kernel decodes this type".into(),
-        };
-        let be = kernel_block_elems(ggml_type).ok_or_else(no_kernel)?;
-        if cols == 0 || rows == 0 || !cols.is_multiple_of(be) {
-            return Err(Error::Shape(format!(
-                "{ggml_type} tensor [{rows}, {cols}]: row length is not a positive multiple of {be}"
-            )));
-        }
+        let rows_per_part = Self::rows_per_buffer(ggml_type, shape, max_buffer)?;
         let row_bytes = ggml_type
             .row_bytes(cols as u64)
             .map_err(|e| Error::Shape(e.to_string()))? as usize;
@@ -104,12 +94,6 @@ impl GgmlTensor {
             return Err(Error::Shape(format!(
                 "{ggml_type} tensor [{rows}, {cols}] needs {rows} x {row_bytes} bytes, got {}",
                 bytes.len()
-            )));
-        }
-        let rows_per_part = max_buffer.saturating_sub(8) / row_bytes;
-        if rows_per_part == 0 {
-            return Err(Error::Shape(format!(
-                "one row of {row_bytes} bytes exceeds the device's {max_buffer}-byte buffers"
             )));
         }
         let parts = (0..rows)
@@ -135,8 +119,45 @@ impl GgmlTensor {
             ggml_type,
             shape,
             parts,
-            grid: grid_tensor(ggml_type, device).ok_or_else(no_kernel)?,
+            grid: grid_tensor(ggml_type, device).ok_or_else(|| Error::Unsupported {
+                ggml_type,
+                reason: "no kernel decodes this type".into(),
+            })?,
         })
+    }
+
+    /// Whether a `[rows, cols]` tensor of `ggml_type` can be packed in buffers of at most
+    /// `max_buffer` bytes, and if so how many rows each buffer holds.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when no kernel decodes `ggml_type`; [`Error::Shape`] when `cols` is
+    /// not a positive multiple of the kernel block, or one row does not fit a buffer.
+    pub fn rows_per_buffer(
+        ggml_type: GgmlType,
+        shape: [usize; 2],
+        max_buffer: u64,
+    ) -> Result<usize, Error> {
+        let [rows, cols] = shape;
+        let max_buffer = max_buffer.min(u32::MAX as u64) as usize;
+        let be = kernel_block_elems(ggml_type).ok_or_else(|| Error::Unsupported {
+            ggml_type,
+            reason: "no kernel decodes this type".into(),
+        })?;
+        if cols == 0 || rows == 0 || !cols.is_multiple_of(be) {
+            return Err(Error::Shape(format!(
+                "{ggml_type} tensor [{rows}, {cols}]: row length is not a positive multiple of {be}"
+            )));
+        }
+        let row_bytes = ggml_type
+            .row_bytes(cols as u64)
+            .map_err(|e| Error::Shape(e.to_string()))? as usize;
+        let rows_per_part = max_buffer.saturating_sub(8) / row_bytes;
+        if rows_per_part == 0 {
+            return Err(Error::Shape(format!(
+                "one row of {row_bytes} bytes exceeds the device's {max_buffer}-byte buffers"
+            )));
+        }
+        Ok(rows_per_part)
     }
 
     /// The ggml type of the blocks.

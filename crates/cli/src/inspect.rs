@@ -1,6 +1,6 @@
 //! `burn-gguf inspect`: what a GGUF file holds, and any tensor's values from the CPU codec or the
 //! device kernels (to diff by hand).
-use burn_gguf::GgmlTensor;
+use burn_gguf::{GgmlTensor, LoadKind};
 use gguf::{GgufFile, MetadataArray, MetadataValue, TensorInfo};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -60,8 +60,9 @@ fn array(a: &MetadataArray) -> String {
 }
 
 /// The report for `file`: header, metadata (arrays abbreviated), the tensor table (Burn-order
-/// shapes), and a histogram of ggml types with bits per weight.
-pub fn summary(file: &GgufFile) -> String {
+/// shapes, and what the loader would do with each tensor on `device`: packed, dense, or
+/// dequantized and why), and a histogram of ggml types with bits per weight.
+pub fn summary(file: &GgufFile, device: &burn::tensor::Device) -> String {
     let mut out = String::new();
     let tensors = file.tensors();
     let _ = writeln!(
@@ -80,12 +81,18 @@ pub fn summary(file: &GgufFile) -> String {
     }
     let _ = writeln!(
         out,
-        "\ntensors (shape in Burn order, rows last-dim blocks):"
+        "\ntensors (shape in Burn order, rows last-dim blocks; load plan on this device):"
     );
+    let config = burn_gguf::GgufConfig::default();
     for t in tensors {
+        let plan = match burn_gguf::plan(t, device, &config) {
+            LoadKind::Packed => "packed".to_string(),
+            LoadKind::Dense => "dense".to_string(),
+            LoadKind::Dequantized(why) => format!("dequantized: {why}"),
+        };
         let _ = writeln!(
             out,
-            "  {:<40} {:<8} {:>20} {:>12} bytes",
+            "  {:<40} {:<8} {:>20} {:>12} bytes  {plan}",
             t.name,
             t.ggml_type.name(),
             format!("{:?}", t.shape()),
@@ -159,7 +166,7 @@ pub fn run(path: &std::path::Path, tensor: Option<&str>, device: bool) -> Result
     let file = GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut stdout = std::io::stdout().lock();
     match tensor {
-        None => stdout.write_all(summary(&file).as_bytes()),
+        None => stdout.write_all(summary(&file, &burn_gguf::default_device()).as_bytes()),
         Some(name) => {
             let values = tensor_values(&file, name, device)?;
             let mut s = String::with_capacity(values.len() * 12);

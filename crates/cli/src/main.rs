@@ -48,6 +48,34 @@ enum Command {
         #[arg(long)]
         dequantize: bool,
     },
+    /// Chat with a model: each line of standard input is a user message, each reply is printed
+    /// (the file's chat template; the history's KV cache is reused). `/exit` or end of input ends.
+    Chat {
+        /// A GGUF file, or a known model name (fetched into the cache on first use).
+        #[arg(short, long)]
+        model: String,
+        /// A system message.
+        #[arg(long)]
+        system: Option<String>,
+        /// Most new tokens per reply.
+        #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+        n_predict: usize,
+        /// Temperature; 0 is greedy.
+        #[arg(long, default_value_t = 0.8)]
+        temp: f32,
+        /// Top-k (0 keeps all).
+        #[arg(long, default_value_t = 40)]
+        top_k: usize,
+        /// Top-p (1 keeps all).
+        #[arg(long, default_value_t = 0.95)]
+        top_p: f32,
+        /// Random seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Dequantize all weights at load (no packed kernels).
+        #[arg(long)]
+        dequantize: bool,
+    },
     /// Show a GGUF file: header, metadata, tensors, type histogram; or one tensor's values.
     Inspect {
         /// A GGUF file, or a known model name.
@@ -103,6 +131,31 @@ fn main() -> ExitCode {
                     progress: !json,
                 };
                 run(&path, &opts)
+            }),
+        Command::Chat {
+            model,
+            system,
+            n_predict,
+            temp,
+            top_k,
+            top_p,
+            seed,
+            dequantize,
+        } => fetch::resolve_model(&model)
+            .map_err(|e| e.to_string())
+            .and_then(|path| {
+                let opts = burn_gguf_cli::chat::ChatOptions {
+                    system,
+                    max_new: n_predict,
+                    sampler: SamplerConfig {
+                        temperature: temp,
+                        top_k,
+                        top_p,
+                        seed,
+                    },
+                    dequantize,
+                };
+                burn_gguf_cli::chat::chat(&path, &opts, std::io::stdin().lock(), std::io::stdout())
             }),
         Command::Inspect {
             file,

@@ -23,20 +23,32 @@ pub struct RunOptions {
     pub progress: bool,
 }
 
-/// Loads `model_path` and generates from `opts.prompt`, streaming text to stdout (or printing
-/// one JSON object with `prompt_ids`, `generated_ids`, `text`, `timings`); load time and
-/// speeds go to stderr.
+/// A model loaded for generation.
+pub struct Loaded {
+    /// The file (metadata stays readable: chat template, architecture).
+    pub file: gguf::GgufFile,
+    /// Its tokenizer.
+    pub tokenizer: GgufTokenizer,
+    /// Its model on the default device.
+    pub model: Decoder,
+    /// Seconds spent loading.
+    pub load_s: f64,
+}
+
+/// Opens `model_path` and loads its tokenizer and model onto the default device (packed, or
+/// dequantized with `dequantize`), with a progress bar on stderr when `progress`; prints the
+/// load report to stderr.
 ///
 /// # Errors
 /// Any file, model, tokenizer or device error, as a message.
-pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
+pub fn load(model_path: &Path, dequantize: bool, progress: bool) -> Result<Loaded, String> {
     let t0 = Instant::now();
     let file =
         gguf::GgufFile::open(model_path).map_err(|e| format!("{}: {e}", model_path.display()))?;
     let tokenizer = GgufTokenizer::from_gguf(&file).map_err(|e| e.to_string())?;
     let device = burn_gguf::default_device();
     let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
-    let bar = if opts.progress {
+    let bar = if progress {
         ProgressBar::new(total)
     } else {
         ProgressBar::hidden()
@@ -45,14 +57,8 @@ pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
         ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({elapsed})")
             .expect("valid template"),
     );
-    let loader = GgufLoader::new(
-        &file,
-        &device,
-        GgufConfig {
-            dequantize: opts.dequantize,
-        },
-    )
-    .with_progress(|n| bar.inc(n));
+    let loader =
+        GgufLoader::new(&file, &device, GgufConfig { dequantize }).with_progress(|n| bar.inc(n));
     let model = Decoder::load(&loader).map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     let load_s = t0.elapsed().as_secs_f64();
@@ -61,6 +67,28 @@ pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
         model_path.display(),
         loader.report()
     );
+    drop(loader);
+    Ok(Loaded {
+        file,
+        tokenizer,
+        model,
+        load_s,
+    })
+}
+
+/// Loads `model_path` and generates from `opts.prompt`, streaming text to stdout (or printing
+/// one JSON object with `prompt_ids`, `generated_ids`, `text`, `timings`); load time and
+/// speeds go to stderr.
+///
+/// # Errors
+/// Any file, model, tokenizer or device error, as a message.
+pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
+    let Loaded {
+        tokenizer,
+        model,
+        load_s,
+        ..
+    } = load(model_path, opts.dequantize, opts.progress)?;
 
     let mut sampler = Sampler::new(opts.sampler.clone());
     let json = opts.json;
