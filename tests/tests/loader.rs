@@ -1,7 +1,7 @@
 //! The loader: packed where a kernel fits, dequantized (and reported) where none does, with the
-//! same results either way; a dense fallback too large for one device buffer is an error at load.
+//! same results either way; a dense fallback too large for one device buffer is split by rows.
 use burn::tensor::{Tensor, TensorData};
-use burn_gguf::{GgufConfig, GgufLoader, LoadKind};
+use burn_gguf::{DenseWeight, GgufConfig, GgufLoader, LoadKind, Weight};
 use burn_gguf_tests::rand_vec;
 use gguf::{GgmlType, GgufFile, GgufWriter};
 
@@ -69,24 +69,39 @@ fn fallback_is_reported_and_agrees_with_the_packed_path() {
     }
 }
 
+/// A dense fallback larger than one device buffer is split by rows like a packed tensor: with
+/// buffers of 3 rows, a `[10, 64]` weight takes 4 parts, and its product and row lookups
+/// (across part boundaries) equal the single-buffer weight's.
 #[test]
-fn dense_fallback_larger_than_a_device_buffer_is_an_error() {
+fn dense_fallback_is_split_by_rows() {
     let device = burn_gguf::default_device();
-    let max = burn_gguf::max_buffer_bytes(&device).expect("a CubeCL device");
-    // One Q8_0 row of 4096 values dequantizes to 16 KiB: just enough rows to pass the limit.
-    let cols = 4096;
-    let rows = (max as usize / (cols * 4)) + 1;
-    let mut w = GgufWriter::new();
-    let bytes = vec![0u8; rows * GgmlType::Q8_0.row_bytes(cols as u64).unwrap() as usize];
-    w.add_tensor("big", GgmlType::Q8_0, &[cols as u64, rows as u64], &bytes)
-        .unwrap();
-    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
-    let loader = GgufLoader::new(&file, &device, GgufConfig { dequantize: true });
-    let err = loader.linear("big").unwrap_err().to_string();
-    assert!(
-        err.contains("'big'") && err.contains("largest buffer"),
-        "{err}"
-    );
+    let (rows, cols) = (10, 64);
+    let values = rand_vec(rows * cols, 5);
+    let split =
+        DenseWeight::from_values(values.clone(), [rows, cols], &device, 3 * 64 * 4).unwrap();
+    assert_eq!(split.num_parts(), 4);
+    let whole = DenseWeight::new(Tensor::<2>::from_data(
+        TensorData::new(values.clone(), [rows, cols]),
+        &device,
+    ));
+    let (split, whole) = (Weight::Dense(split), Weight::Dense(whole));
+    let x = Tensor::<2>::from_data(TensorData::new(rand_vec(2 * cols, 6), [2, cols]), &device);
+    let vec = |t: Tensor<2>| t.try_into_data().unwrap().try_to_vec::<f32>().unwrap();
+    let (a, b) = (vec(split.matmul_t(x.clone())), vec(whole.matmul_t(x)));
+    for (p, q) in a.iter().zip(&b) {
+        assert!((p - q).abs() <= 1e-5 * (1.0 + q.abs()), "{p} vs {q}");
+    }
+    let ids = [9u32, 0, 2, 3, 5, 6, 2];
+    let got = vec(split.rows(&ids).unwrap());
+    for (i, &id) in ids.iter().enumerate() {
+        assert_eq!(
+            &got[i * cols..(i + 1) * cols],
+            &values[id as usize * cols..][..cols]
+        );
+    }
+    assert!(split.rows(&[10]).is_err());
+    // A row that does not fit one buffer is an error, not a panic.
+    assert!(DenseWeight::from_values(values, [rows, cols], &device, 100).is_err());
 }
 
 /// `plan` says what the loader will do before loading: it agrees with the load report for a

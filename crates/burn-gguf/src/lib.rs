@@ -13,7 +13,7 @@ pub mod ops;
 pub mod tensor;
 
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
-pub use nn::{GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};
+pub use nn::{DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};
 pub use tensor::GgmlTensor;
 
 use burn::backend::DispatchDevice;
@@ -54,6 +54,16 @@ pub fn max_buffer_bytes(device: &Device) -> Option<u64> {
     cube_client(device).map(|c| match c.properties().memory.max_page_size {
         0 => DEFAULT,
         n => n,
+    })
+}
+
+/// Bytes of device memory in use on `device` (every stream's pools: CubeCL's
+/// `MemoryUsage::bytes_in_use`), or `None` for a device that is not a CubeCL one.
+pub fn device_memory_in_use(device: &Device) -> Option<u64> {
+    cube_client(device).map(|c| {
+        c.memory_report(cubecl::MemoryScope::Device)
+            .usage()
+            .bytes_in_use
     })
 }
 

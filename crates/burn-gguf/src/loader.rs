@@ -1,5 +1,5 @@
 //! GGUF-to-Burn loader: packed weights where a kernel fits, explicit dequantization otherwise.
-use crate::nn::{GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};
+use crate::nn::{DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};
 use crate::tensor::GgmlTensor;
 use crate::{Error, cube_client};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -247,9 +247,18 @@ impl<'a> GgufLoader<'a> {
         match packed {
             Ok(t) => Ok((Weight::Packed(t), None)),
             Err(why) => {
-                let values = self.dense_values(info, bytes, shape[0] * shape[1])?;
-                let t = Tensor::<2>::from_data(TensorData::new(values, shape), &self.device);
-                Ok((Weight::Dense(t), Some(why)))
+                let tensor_err = |reason: String| Error::Tensor {
+                    name: info.name.clone(),
+                    reason,
+                };
+                let n = shape[0] * shape[1];
+                let values = ggml_codec::dequantize_to_vec(info.ggml_type, bytes, n)
+                    .map_err(|e| tensor_err(e.to_string()))?;
+                // Split by rows into device buffers, as packed tensors are.
+                let max_buffer = crate::max_buffer_bytes(&self.device).unwrap_or(u64::MAX);
+                let w = DenseWeight::from_values(values, shape, &self.device, max_buffer)
+                    .map_err(|e| tensor_err(e.to_string()))?;
+                Ok((Weight::Dense(w), Some(why)))
             }
         }
     }

@@ -5,16 +5,142 @@ use crate::tensor::GgmlTensor;
 use burn::tensor::activation::silu;
 use burn::tensor::{Tensor, TensorData};
 
-/// A weight `[out, in]` (Burn order; ggml `ne = [in, out]`): packed blocks on the device, or a
-/// dense f32 tensor when the loader fell back to dequantization.
+/// A weight `[out, in]` (Burn order; ggml `ne = [in, out]`): packed blocks on the device, or
+/// dense f32 when the loader fell back to dequantization.
 // A Burn tensor is larger than a GgmlTensor; weights are few and long-lived, so no boxing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Weight {
     /// Raw ggml blocks, decoded in the kernels.
     Packed(GgmlTensor),
-    /// Dequantized at load, `[out, in]` f32.
-    Dense(Tensor<2>),
+    /// Dequantized at load.
+    Dense(DenseWeight),
+}
+
+/// A dequantized weight `[out, in]` f32, split by rows into parts that each fit one device
+/// buffer (Gemma 3's 262,144 x 640 embedding is 671 MB of f32; lavapipe's buffers hold 128 MiB).
+#[derive(Clone, Debug)]
+pub struct DenseWeight {
+    /// `(first row, [rows, in])` per part, in row order.
+    parts: Vec<(usize, Tensor<2>)>,
+    shape: [usize; 2],
+}
+
+impl DenseWeight {
+    /// One part holding all of `t` `[out, in]`.
+    pub fn new(t: Tensor<2>) -> Self {
+        let shape = t.dims();
+        Self {
+            parts: vec![(0, t)],
+            shape,
+        }
+    }
+
+    /// `values` (`[out, in]` row-major f32) uploaded to `device` in parts of at most
+    /// `max_buffer` bytes.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `values` does not have `out * in` elements or one row does not fit
+    /// `max_buffer`.
+    pub fn from_values(
+        values: Vec<f32>,
+        shape: [usize; 2],
+        device: &burn::tensor::Device,
+        max_buffer: u64,
+    ) -> Result<Self, Error> {
+        let [rows, cols] = shape;
+        if Some(values.len()) != rows.checked_mul(cols) || cols == 0 {
+            return Err(Error::Shape(format!(
+                "{} values for a dense [{rows}, {cols}] weight",
+                values.len()
+            )));
+        }
+        let rows_per_part = (max_buffer / (cols as u64 * 4)).min(rows as u64) as usize;
+        if rows_per_part == 0 {
+            return Err(Error::Shape(format!(
+                "one f32 row of {cols} values exceeds the device's {max_buffer}-byte buffers"
+            )));
+        }
+        let parts = (0..rows)
+            .step_by(rows_per_part)
+            .map(|start| {
+                let n = rows_per_part.min(rows - start);
+                let chunk = values[start * cols..(start + n) * cols].to_vec();
+                (
+                    start,
+                    Tensor::<2>::from_data(TensorData::new(chunk, [n, cols]), device),
+                )
+            })
+            .collect();
+        Ok(Self { parts, shape })
+    }
+
+    /// `[out, in]`.
+    pub fn shape(&self) -> [usize; 2] {
+        self.shape
+    }
+
+    /// Device buffers this weight is split into.
+    pub fn num_parts(&self) -> usize {
+        self.parts.len()
+    }
+
+    fn matmul_t(&self, x: Tensor<2>) -> Tensor<2> {
+        let outs: Vec<Tensor<2>> = self
+            .parts
+            .iter()
+            .map(|(_, w)| x.clone().matmul(w.clone().transpose()))
+            .collect();
+        if outs.len() == 1 {
+            outs.into_iter().next().expect("one part")
+        } else {
+            Tensor::cat(outs, 1)
+        }
+    }
+
+    fn rows(&self, ids: &[u32]) -> Result<Tensor<2>, Error> {
+        let [rows, _] = self.shape;
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= rows) {
+            return Err(Error::Shape(format!(
+                "row id {bad} out of range for {rows} rows"
+            )));
+        }
+        let n = ids.len();
+        let mut out: Option<Tensor<2>> = None;
+        for (start, w) in &self.parts {
+            let device = w.device();
+            let part_rows = w.dims()[0];
+            let inside = |id: u32| (*start..start + part_rows).contains(&(id as usize));
+            // Ids outside this part read its row 0 and are masked to zero.
+            let local: Vec<i64> = ids
+                .iter()
+                .map(|&id| {
+                    if inside(id) {
+                        (id as usize - start) as i64
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let idx =
+                Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(local, [n]), &device);
+            let picked = w.clone().select(0, idx);
+            let part = if self.parts.len() == 1 {
+                picked
+            } else {
+                let mask: Vec<f32> = ids
+                    .iter()
+                    .map(|&id| f32::from(u8::from(inside(id))))
+                    .collect();
+                picked * Tensor::<2>::from_data(TensorData::new(mask, [n, 1]), &device)
+            };
+            out = Some(match out {
+                None => part,
+                Some(acc) => acc + part,
+            });
+        }
+        Ok(out.expect("a dense weight has at least one part"))
+    }
 }
 
 impl Weight {
@@ -22,7 +148,7 @@ impl Weight {
     pub fn shape(&self) -> [usize; 2] {
         match self {
             Weight::Packed(t) => t.shape(),
-            Weight::Dense(t) => t.dims(),
+            Weight::Dense(t) => t.shape(),
         }
     }
 
@@ -30,7 +156,7 @@ impl Weight {
     pub fn matmul_t(&self, x: Tensor<2>) -> Tensor<2> {
         match self {
             Weight::Packed(t) => t.matmul_t(x),
-            Weight::Dense(w) => x.matmul(w.clone().transpose()),
+            Weight::Dense(w) => w.matmul_t(x),
         }
     }
 
@@ -41,23 +167,7 @@ impl Weight {
     pub fn rows(&self, ids: &[u32]) -> Result<Tensor<2>, Error> {
         match self {
             Weight::Packed(t) => t.gather_rows(ids),
-            Weight::Dense(w) => {
-                let [rows, _] = w.dims();
-                if let Some(bad) = ids.iter().find(|&&id| id as usize >= rows) {
-                    return Err(Error::Shape(format!(
-                        "row id {bad} out of range for {rows} rows"
-                    )));
-                }
-                let device = w.device();
-                let idx = Tensor::<1, burn::tensor::Int>::from_data(
-                    burn::tensor::TensorData::new(
-                        ids.iter().map(|&i| i as i64).collect(),
-                        [ids.len()],
-                    ),
-                    &device,
-                );
-                Ok(w.clone().select(0, idx))
-            }
+            Weight::Dense(w) => w.rows(ids),
         }
     }
 

@@ -47,6 +47,7 @@ pub fn load(model_path: &Path, dequantize: bool, progress: bool) -> Result<Loade
         gguf::GgufFile::open(model_path).map_err(|e| format!("{}: {e}", model_path.display()))?;
     let tokenizer = GgufTokenizer::from_gguf(&file).map_err(|e| e.to_string())?;
     let device = burn_gguf::default_device();
+    let mem0 = burn_gguf::device_memory_in_use(&device).unwrap_or(0);
     let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
     let bar = if progress {
         ProgressBar::new(total)
@@ -67,6 +68,12 @@ pub fn load(model_path: &Path, dequantize: bool, progress: bool) -> Result<Loade
         model_path.display(),
         loader.report()
     );
+    if let Some(mem) = burn_gguf::device_memory_in_use(&device) {
+        eprintln!(
+            "device memory for the weights: {} bytes (tensor data in the file: {total} bytes)",
+            mem.saturating_sub(mem0)
+        );
+    }
     drop(loader);
     Ok(Loaded {
         file,
