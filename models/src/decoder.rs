@@ -291,7 +291,9 @@ pub struct Decoder {
     device: Device,
 }
 
-fn rms_norm<const D: usize>(x: Tensor<D>, w: &Tensor<1>, eps: f32) -> Tensor<D> {
+/// RMSNorm over the last dimension, `x / sqrt(mean(x^2) + eps) * w`, in f32 whatever the
+/// weights' storage type (activations and the residual stream stay f32, case C21).
+pub fn rms_norm<const D: usize>(x: Tensor<D>, w: &Tensor<1>, eps: f32) -> Tensor<D> {
     let inv = (x.clone().powi_scalar(2).mean_dim(D - 1) + eps)
         .sqrt()
         .recip();

@@ -9,7 +9,8 @@ pub mod tokenizer;
 
 pub use chat::{ChatTemplate, Message};
 pub use decoder::{
-    ARCHITECTURES, Activation, Decoder, DecoderConfig, KvCache, Moe, Rope, RopeStyle, SlidingWindow,
+    ARCHITECTURES, Activation, Decoder, DecoderConfig, KvCache, Moe, Rope, RopeStyle,
+    SlidingWindow, rms_norm,
 };
 pub use generate::{CausalLm, Generation, Session, Timings, generate, generate_ids};
 pub use sampling::{Sampler, SamplerConfig};

@@ -1,6 +1,6 @@
 //! The loader: packed where a kernel fits, dequantized (and reported) where none does, with the
 //! same results either way; a dense fallback too large for one device buffer is split by rows.
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{FloatDType, Tensor, TensorData};
 use burn_gguf::{DenseWeight, GgufConfig, GgufLoader, LoadKind, Weight};
 use burn_gguf_tests::rand_vec;
 use gguf::{GgmlType, GgufFile, GgufWriter};
@@ -45,7 +45,14 @@ fn fallback_is_reported_and_agrees_with_the_packed_path() {
 
     for ty_name in ["q8", "q4"] {
         let packed = GgufLoader::new(&file, &device, GgufConfig::default());
-        let forced = GgufLoader::new(&file, &device, GgufConfig { dequantize: true });
+        let forced = GgufLoader::new(
+            &file,
+            &device,
+            GgufConfig {
+                dequantize: true,
+                ..GgufConfig::default()
+            },
+        );
         let a = y(&packed, ty_name, &x);
         let b = y(&forced, ty_name, &x);
         for (i, (p, q)) in a.iter().zip(&b).enumerate() {
@@ -77,8 +84,14 @@ fn dense_fallback_is_split_by_rows() {
     let device = burn_gguf::default_device();
     let (rows, cols) = (10, 64);
     let values = rand_vec(rows * cols, 5);
-    let split =
-        DenseWeight::from_values(values.clone(), [rows, cols], &device, 3 * 64 * 4).unwrap();
+    let split = DenseWeight::from_values(
+        values.clone(),
+        [rows, cols],
+        &device,
+        3 * 64 * 4,
+        FloatDType::F32,
+    )
+    .unwrap();
     assert_eq!(split.num_parts(), 4);
     let whole = DenseWeight::new(Tensor::<2>::from_data(
         TensorData::new(values.clone(), [rows, cols]),
@@ -101,7 +114,7 @@ fn dense_fallback_is_split_by_rows() {
     }
     assert!(split.rows(&[10]).is_err());
     // A row that does not fit one buffer is an error, not a panic.
-    assert!(DenseWeight::from_values(values, [rows, cols], &device, 100).is_err());
+    assert!(DenseWeight::from_values(values, [rows, cols], &device, 100, FloatDType::F32).is_err());
 }
 
 /// `plan` says what the loader will do before loading: it agrees with the load report for a
@@ -128,7 +141,13 @@ fn plan_agrees_with_the_load_report() {
     let norm: Vec<u8> = [1f32; 64].iter().flat_map(|v| v.to_le_bytes()).collect();
     w.add_tensor("norm", GgmlType::F32, &[64], &norm).unwrap();
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
-    for config in [GgufConfig::default(), GgufConfig { dequantize: true }] {
+    for config in [
+        GgufConfig::default(),
+        GgufConfig {
+            dequantize: true,
+            ..GgufConfig::default()
+        },
+    ] {
         let loader = GgufLoader::new(&file, &device, config.clone());
         loader.weight("w").unwrap();
         loader.weight("odd").unwrap();
@@ -148,4 +167,25 @@ fn plan_agrees_with_the_load_report() {
         burn_gguf::plan(odd, &device, &GgufConfig::default()),
         LoadKind::Dequantized(why) if why.contains("multiple of 32")
     ));
+}
+
+/// The packed modules are Burn `Module`s: they report their device, move with `to_device`, and
+/// display their packed weights.
+#[test]
+fn packed_modules_are_burn_modules() {
+    use burn::module::Module;
+    let (file, _) = file(40, 96);
+    let device = burn_gguf::default_device();
+    let loader = GgufLoader::new(&file, &device, GgufConfig::default());
+    let lin = loader.linear("q4").unwrap();
+    assert_eq!(lin.devices(), vec![device.clone()]);
+    let x = Tensor::<2>::from_data(TensorData::new(rand_vec(96, 8), [1, 96]), &device);
+    let moved = lin.clone().to_device(&device);
+    let vec = |t: Tensor<2>| t.try_into_data().unwrap().try_to_vec::<f32>().unwrap();
+    assert_eq!(vec(moved.forward(x.clone())), vec(lin.forward(x)));
+    let shown = format!("{lin}");
+    assert!(
+        shown.contains("GgmlTensor {type: Q4_0, shape: [40, 96], parts: 1}"),
+        "{shown}"
+    );
 }

@@ -212,3 +212,19 @@ fn c16_rope_pairing_per_architecture() {
         assert_eq!(config.rope_style, style, "{arch}");
     }
 }
+
+/// C21: activations and the residual stream are f32, so Gemma-sized values do not overflow:
+/// `60000 + 10000` and its negative, RMS-normalised with weight 1, give `[1, -1]`.
+#[test]
+fn c21_residual_and_norm_in_f32() {
+    let device = burn_gguf::default_device();
+    let t = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [1, 2]), &device);
+    let x = t(vec![60000.0, -60000.0]) + t(vec![10000.0, -10000.0]);
+    let w = Tensor::<1>::from_data(TensorData::new(vec![1f32, 1.0], [2]), &device);
+    let y = to_vec(burn_gguf_models::rms_norm(x, &w, 1e-6));
+    assert_eq!(y.len(), 2);
+    assert!(
+        (y[0] - 1.0).abs() <= 1e-6 && (y[1] + 1.0).abs() <= 1e-6,
+        "{y:?}"
+    );
+}

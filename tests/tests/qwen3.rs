@@ -48,7 +48,14 @@ fn check_arch(arch: &str) -> usize {
             })
             .collect();
         for dequantize in [false, true] {
-            let loader = GgufLoader::new(&file, &device, GgufConfig { dequantize });
+            let loader = GgufLoader::new(
+                &file,
+                &device,
+                GgufConfig {
+                    dequantize,
+                    ..GgufConfig::default()
+                },
+            );
             let model = Decoder::load(&loader).unwrap();
             if !dequantize {
                 assert_eq!(loader.report().dequantized().count(), 0, "{name}");

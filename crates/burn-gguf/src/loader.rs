@@ -2,16 +2,30 @@
 use crate::nn::{DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};
 use crate::tensor::GgmlTensor;
 use crate::{Error, cube_client};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 use gguf::{GgmlType, GgufFile, TensorInfo};
 use std::fmt;
 use std::sync::Mutex;
 
-/// How the loader treats quantized weights.
-#[derive(Clone, Debug, Default)]
+/// How the loader treats quantized weights (the rules of Transformers' `GgufConfig`: packed
+/// unless asked or impossible).
+#[derive(Clone, Debug)]
 pub struct GgufConfig {
-    /// Dequantize every weight at load into dense f32 tensors, even where a kernel exists.
+    /// Dequantize every weight at load into dense tensors, even where a kernel exists.
     pub dequantize: bool,
+    /// Storage type of dequantized weights (default f32; f16 / bf16 halve their memory, their
+    /// products cast activations to it and back). Packed weights compute in f32 whatever this
+    /// says: a type other than f32 is then logged as a warning, inputs and outputs being cast.
+    pub dtype: FloatDType,
+}
+
+impl Default for GgufConfig {
+    fn default() -> Self {
+        Self {
+            dequantize: false,
+            dtype: FloatDType::F32,
+        }
+    }
 }
 
 /// What the loader did with one tensor.
@@ -141,6 +155,13 @@ pub struct GgufLoader<'a> {
 impl<'a> GgufLoader<'a> {
     /// A loader for `file` onto `device`.
     pub fn new(file: &'a GgufFile, device: &Device, config: GgufConfig) -> Self {
+        if config.dtype != FloatDType::F32 && !config.dequantize && cube_client(device).is_some() {
+            tracing::warn!(
+                dtype = ?config.dtype,
+                "packed weights compute in f32: inputs and outputs are cast, only dequantized \
+                 weights are stored in this dtype"
+            );
+        }
         Self {
             file,
             device: device.clone(),
@@ -256,8 +277,14 @@ impl<'a> GgufLoader<'a> {
                     .map_err(|e| tensor_err(e.to_string()))?;
                 // Split by rows into device buffers, as packed tensors are.
                 let max_buffer = crate::max_buffer_bytes(&self.device).unwrap_or(u64::MAX);
-                let w = DenseWeight::from_values(values, shape, &self.device, max_buffer)
-                    .map_err(|e| tensor_err(e.to_string()))?;
+                let w = DenseWeight::from_values(
+                    values,
+                    shape,
+                    &self.device,
+                    max_buffer,
+                    self.config.dtype,
+                )
+                .map_err(|e| tensor_err(e.to_string()))?;
                 Ok((Weight::Dense(w), Some(why)))
             }
         }

@@ -2,14 +2,17 @@
 //! dense fallback.
 use crate::Error;
 use crate::tensor::GgmlTensor;
+use burn::module::{
+    Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
+};
 use burn::tensor::activation::silu;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 
 /// A weight `[out, in]` (Burn order; ggml `ne = [in, out]`): packed blocks on the device, or
 /// dense f32 when the loader fell back to dequantization.
 // A Burn tensor is larger than a GgmlTensor; weights are few and long-lived, so no boxing.
 #[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug)]
+#[derive(Module, Debug)]
 pub enum Weight {
     /// Raw ggml blocks, decoded in the kernels.
     Packed(GgmlTensor),
@@ -36,7 +39,7 @@ impl DenseWeight {
         }
     }
 
-    /// `values` (`[out, in]` row-major f32) uploaded to `device` in parts of at most
+    /// `values` (`[out, in]` row-major f32) uploaded to `device` as `dtype` in parts of at most
     /// `max_buffer` bytes.
     ///
     /// # Errors
@@ -47,18 +50,20 @@ impl DenseWeight {
         shape: [usize; 2],
         device: &burn::tensor::Device,
         max_buffer: u64,
+        dtype: FloatDType,
     ) -> Result<Self, Error> {
         let [rows, cols] = shape;
+        let elem_bytes = burn::tensor::DType::from(dtype).size() as u64;
         if Some(values.len()) != rows.checked_mul(cols) || cols == 0 {
             return Err(Error::Shape(format!(
                 "{} values for a dense [{rows}, {cols}] weight",
                 values.len()
             )));
         }
-        let rows_per_part = (max_buffer / (cols as u64 * 4)).min(rows as u64) as usize;
+        let rows_per_part = (max_buffer / (cols as u64 * elem_bytes)).min(rows as u64) as usize;
         if rows_per_part == 0 {
             return Err(Error::Shape(format!(
-                "one f32 row of {cols} values exceeds the device's {max_buffer}-byte buffers"
+                "one {dtype:?} row of {cols} values exceeds the device's {max_buffer}-byte buffers"
             )));
         }
         let parts = (0..rows)
@@ -66,10 +71,8 @@ impl DenseWeight {
             .map(|start| {
                 let n = rows_per_part.min(rows - start);
                 let chunk = values[start * cols..(start + n) * cols].to_vec();
-                (
-                    start,
-                    Tensor::<2>::from_data(TensorData::new(chunk, [n, cols]), device),
-                )
+                let data = TensorData::new(chunk, [n, cols]);
+                (start, Tensor::<2>::from_data(data, (device, dtype.into())))
             })
             .collect();
         Ok(Self { parts, shape })
@@ -86,10 +89,16 @@ impl DenseWeight {
     }
 
     fn matmul_t(&self, x: Tensor<2>) -> Tensor<2> {
+        let dtype = self.parts[0].1.dtype();
+        let x = x.cast(dtype);
         let outs: Vec<Tensor<2>> = self
             .parts
             .iter()
-            .map(|(_, w)| x.clone().matmul(w.clone().transpose()))
+            .map(|(_, w)| {
+                x.clone()
+                    .matmul(w.clone().transpose())
+                    .cast(FloatDType::F32)
+            })
             .collect();
         if outs.len() == 1 {
             outs.into_iter().next().expect("one part")
@@ -124,7 +133,7 @@ impl DenseWeight {
                 .collect();
             let idx =
                 Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(local, [n]), &device);
-            let picked = w.clone().select(0, idx);
+            let picked = w.clone().select(0, idx).cast(FloatDType::F32);
             let part = if self.parts.len() == 1 {
                 picked
             } else {
@@ -142,6 +151,62 @@ impl DenseWeight {
         Ok(out.expect("a dense weight has at least one part"))
     }
 }
+
+/// A constant of a module: moved between devices with it, never a trainable parameter.
+impl Module for DenseWeight {
+    fn visit<V: ModuleVisitor>(&self, _visitor: &mut V) {}
+
+    fn map<M: ModuleMapper>(self, _mapper: &mut M) -> Self {
+        self
+    }
+
+    fn to_device(self, device: &Device) -> Self {
+        Self {
+            parts: self
+                .parts
+                .into_iter()
+                .map(|(start, t)| (start, t.to_device(device)))
+                .collect(),
+            shape: self.shape,
+        }
+    }
+
+    fn fork(self, device: &Device) -> Self {
+        self.to_device(device)
+    }
+
+    fn collect_devices(&self, devices: Devices) -> Devices {
+        self.parts
+            .iter()
+            .fold(devices, |d, (_, t)| t.collect_devices(d))
+    }
+
+    fn materialize(self) -> Self {
+        self
+    }
+
+    fn valid(&self) -> Self {
+        self.clone()
+    }
+
+    fn train(self) -> Self {
+        self
+    }
+}
+
+impl ModuleDisplayDefault for DenseWeight {
+    fn content(&self, content: Content) -> Option<Content> {
+        content
+            .add_single(&format!(
+                "DenseWeight {{shape: {:?}, parts: {}}}",
+                self.shape,
+                self.parts.len()
+            ))
+            .optional()
+    }
+}
+
+impl ModuleDisplay for DenseWeight {}
 
 impl Weight {
     /// `[out, in]`.
@@ -179,7 +244,7 @@ impl Weight {
 
 /// `y = x W^T (+ b)`, like `burn::nn::Linear` but with a ggml weight. Input `[..., in]`,
 /// output `[..., out]`.
-#[derive(Clone, Debug)]
+#[derive(Module, Debug)]
 pub struct GgmlLinear {
     /// `[out, in]`.
     pub weight: Weight,
@@ -212,7 +277,7 @@ impl GgmlLinear {
 
 /// Token embedding `[vocab, dim]` over a ggml weight: a lookup dequantizes only the rows it
 /// needs. With tied embeddings the same weight is the output head ([`GgmlEmbedding::as_linear`]).
-#[derive(Clone, Debug)]
+#[derive(Module, Debug)]
 pub struct GgmlEmbedding {
     /// `[vocab, dim]`.
     pub weight: Weight,
@@ -240,7 +305,7 @@ impl GgmlEmbedding {
 /// `[n_expert, d_model, d_ff]` (down), Burn order (ggml `ne = [d_model, d_ff, n_expert]`), one
 /// [`Weight`] per expert: the file's blocks of each expert, packed, or dequantized where no kernel
 /// fits. Only the experts a token is routed to run.
-#[derive(Clone, Debug)]
+#[derive(Module, Debug)]
 pub struct GgmlExperts {
     /// `n_expert` weights `[d_ff, d_model]`.
     pub gate: Vec<Weight>,

@@ -35,6 +35,74 @@ pub struct GgmlTensor {
     grid: Tensor<1, Int>,
 }
 
+/// A constant of a module: moved between devices with it (the blocks re-uploaded as they are),
+/// never a trainable parameter.
+impl burn::module::Module for GgmlTensor {
+    fn visit<V: burn::module::ModuleVisitor>(&self, _visitor: &mut V) {}
+
+    fn map<M: burn::module::ModuleMapper>(self, _mapper: &mut M) -> Self {
+        self
+    }
+
+    fn to_device(self, device: &Device) -> Self {
+        // Buffer limits are checked at upload; parts are moved as they are.
+        let grid = grid_tensor(self.ggml_type, device).unwrap_or(self.grid);
+        Self {
+            parts: self
+                .parts
+                .into_iter()
+                .map(|p| Part {
+                    words: p.words.to_device(device),
+                    ..p
+                })
+                .collect(),
+            grid,
+            ..self
+        }
+    }
+
+    fn fork(self, device: &Device) -> Self {
+        self.to_device(device)
+    }
+
+    fn collect_devices(&self, mut devices: burn::module::Devices) -> burn::module::Devices {
+        for p in &self.parts {
+            let device = p.words.device();
+            if !devices.contains(&device) {
+                devices.push(device);
+            }
+        }
+        devices
+    }
+
+    fn materialize(self) -> Self {
+        self
+    }
+
+    fn valid(&self) -> Self {
+        self.clone()
+    }
+
+    fn train(self) -> Self {
+        self
+    }
+}
+
+impl burn::module::ModuleDisplayDefault for GgmlTensor {
+    fn content(&self, content: burn::module::Content) -> Option<burn::module::Content> {
+        content
+            .add_single(&format!(
+                "GgmlTensor {{type: {}, shape: {:?}, parts: {}}}",
+                self.ggml_type,
+                self.shape,
+                self.parts.len()
+            ))
+            .optional()
+    }
+}
+
+impl burn::module::ModuleDisplay for GgmlTensor {}
+
 /// Codebooks already on a device, one per (ggml type, device): at most 16 KiB each.
 static GRIDS: Mutex<Vec<(GgmlType, Device, Tensor<1, Int>)>> = Mutex::new(Vec::new());
 

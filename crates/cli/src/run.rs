@@ -58,8 +58,15 @@ pub fn load(model_path: &Path, dequantize: bool, progress: bool) -> Result<Loade
         ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({elapsed})")
             .expect("valid template"),
     );
-    let loader =
-        GgufLoader::new(&file, &device, GgufConfig { dequantize }).with_progress(|n| bar.inc(n));
+    let loader = GgufLoader::new(
+        &file,
+        &device,
+        GgufConfig {
+            dequantize,
+            ..GgufConfig::default()
+        },
+    )
+    .with_progress(|n| bar.inc(n));
     let model = Decoder::load(&loader).map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     let load_s = t0.elapsed().as_secs_f64();

@@ -1,0 +1,88 @@
+//! The CPU backend (burn-flex): no kernels, so the loader dequantizes every weight, says why,
+//! and the model gives the same logits (tiny Qwen3 and Qwen3-MoE against the float64
+//! reference, within 1e-3).
+use burn::tensor::Device;
+use burn_gguf::{GgufConfig, GgufLoader, LoadKind};
+use burn_gguf_models::{CausalLm, Decoder};
+use burn_gguf_tests::{fixtures, json_ids, read_f32s, read_json};
+use gguf::GgufFile;
+
+#[test]
+fn tiny_models_run_dequantized_on_the_cpu_backend() {
+    let device = Device::flex();
+    for (arch, name) in [
+        ("qwen3", "tiny-qwen3-Q4_K_M"),
+        ("qwen3moe", "tiny-qwen3moe-IQ4_XS"),
+    ] {
+        let entry = &read_json(&format!("logits/reference_logits_{arch}.json"))[name];
+        let file = GgufFile::open(fixtures().join(format!("gguf/{name}.gguf"))).unwrap();
+        let loader = GgufLoader::new(&file, &device, GgufConfig::default());
+        let model = Decoder::load(&loader).unwrap();
+        let report = loader.report();
+        assert_eq!(report.packed_count(), 0, "{name}: {report}");
+        // Weights dequantized for the stated reason; norms and the MoE router dense as always.
+        for e in &report.entries {
+            match &e.kind {
+                LoadKind::Dequantized(why) => assert!(why.contains("not a CubeCL device"), "{why}"),
+                LoadKind::Dense => assert!(e.name.contains("norm") || e.name.contains("gate_inp")),
+                LoadKind::Packed => panic!("{} packed on the CPU backend", e.name),
+            }
+        }
+        assert!(report.dequantized().count() >= 14, "{report}");
+        assert!(burn_gguf::max_buffer_bytes(&device).is_none());
+
+        let tokens = json_ids(&entry["teacher_forced_sequence"]);
+        let want = read_f32s(&format!("logits/{name}.numpy.logits.f32"));
+        let mut cache = model.new_cache();
+        let got = model
+            .forward(&tokens, &mut cache, true)
+            .unwrap()
+            .try_into_data()
+            .unwrap()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-3, "{name}: max |logit - reference| = {worst}");
+    }
+}
+
+/// `GgufConfig::dtype` stores dequantized weights in f16: half the bytes, logits still close to
+/// the float64 reference (weights rounded to f16, products accumulated by the backend).
+#[test]
+fn dequantized_weights_in_f16() {
+    use burn::tensor::FloatDType;
+    let device = Device::flex();
+    let name = "tiny-qwen3-Q8_0";
+    let entry = &read_json("logits/reference_logits_qwen3.json")[name];
+    let file = GgufFile::open(fixtures().join(format!("gguf/{name}.gguf"))).unwrap();
+    let config = GgufConfig {
+        dtype: FloatDType::F16,
+        ..GgufConfig::default()
+    };
+    let loader = GgufLoader::new(&file, &device, config);
+    let model = Decoder::load(&loader).unwrap();
+    let tokens = json_ids(&entry["teacher_forced_sequence"]);
+    let want = read_f32s(&format!("logits/{name}.numpy.logits.f32"));
+    let mut cache = model.new_cache();
+    let got = model
+        .forward(&tokens, &mut cache, true)
+        .unwrap()
+        .try_into_data()
+        .unwrap()
+        .try_to_vec::<f32>()
+        .unwrap();
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 0.25,
+        "{name} in f16: max |logit - reference| = {worst}"
+    );
+    assert!(worst > 0.0);
+}
