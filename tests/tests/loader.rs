@@ -189,3 +189,32 @@ fn packed_modules_are_burn_modules() {
         "{shown}"
     );
 }
+
+/// `GgmlEmbedding::forward_ids` takes `[batch, seq]` ids like `burn::nn::Embedding` and gives
+/// `[batch, seq, dim]`, row for row the table's.
+#[test]
+fn embedding_of_an_id_tensor() {
+    let (file, values) = file(40, 96);
+    let device = burn_gguf::default_device();
+    let loader = GgufLoader::new(&file, &device, GgufConfig::default());
+    let embed = loader.embedding("q8").unwrap();
+    let ids = Tensor::<2, burn::tensor::Int>::from_data(
+        TensorData::new(vec![3i64, 0, 39, 7, 7, 1], [2, 3]),
+        &device,
+    );
+    let out = embed.forward_ids(ids).unwrap();
+    assert_eq!(out.dims(), [2, 3, 96]);
+    let got = out.try_into_data().unwrap().try_to_vec::<f32>().unwrap();
+    let reference =
+        ggml_codec::dequantize_to_vec(GgmlType::Q8_0, &ggml_codec::quantize_q8_0(&values), 40 * 96)
+            .unwrap();
+    for (i, id) in [3usize, 0, 39, 7, 7, 1].into_iter().enumerate() {
+        assert_eq!(
+            &got[i * 96..(i + 1) * 96],
+            &reference[id * 96..(id + 1) * 96]
+        );
+    }
+    let bad =
+        Tensor::<2, burn::tensor::Int>::from_data(TensorData::new(vec![40i64], [1, 1]), &device);
+    assert!(embed.forward_ids(bad).is_err());
+}

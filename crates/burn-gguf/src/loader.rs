@@ -241,17 +241,6 @@ impl<'a> GgufLoader<'a> {
         })
     }
 
-    /// Why `info` cannot be packed on this device before trying, if a reason is known.
-    fn why_not_packed(&self) -> Option<String> {
-        if self.config.dequantize {
-            Some("GgufConfig::dequantize is set".to_string())
-        } else if cube_client(&self.device).is_none() {
-            Some("the device is not a CubeCL device".to_string())
-        } else {
-            None
-        }
-    }
-
     /// `bytes`, a `[rows, cols]` matrix of `info`'s type, as a [`Weight`]: packed when a kernel
     /// decodes the type on this device, else dequantized, with the reason.
     fn matrix(
@@ -260,10 +249,12 @@ impl<'a> GgufLoader<'a> {
         bytes: &[u8],
         shape: [usize; 2],
     ) -> Result<(Weight, Option<String>), Error> {
-        let packed = match self.why_not_packed() {
-            Some(why) => Err(why),
-            None => GgmlTensor::from_bytes(bytes, info.ggml_type, shape, &self.device)
-                .map_err(|e| e.to_string()),
+        let packed = match plan(info, &self.device, &self.config) {
+            LoadKind::Dequantized(why) => Err(why),
+            LoadKind::Packed | LoadKind::Dense => {
+                GgmlTensor::from_bytes(bytes, info.ggml_type, shape, &self.device)
+                    .map_err(|e| e.to_string())
+            }
         };
         match packed {
             Ok(t) => Ok((Weight::Packed(t), None)),

@@ -292,6 +292,29 @@ impl GgmlEmbedding {
         self.weight.rows(ids)
     }
 
+    /// Embeddings of an id tensor `[batch, seq]` (Int): `[batch, seq, dim]` f32, like
+    /// `burn::nn::Embedding::forward`. The ids are read back to the host once to pick the rows.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a negative id or one not below the vocabulary size.
+    pub fn forward_ids(&self, ids: Tensor<2, burn::tensor::Int>) -> Result<Tensor<3>, Error> {
+        let [batch, seq] = ids.dims();
+        let values = ids
+            .try_into_data()
+            .map_err(|e| Error::Shape(format!("reading ids: {e:?}")))?
+            .convert::<i64>()
+            .try_to_vec::<i64>()
+            .map_err(|e| Error::Shape(format!("reading ids: {e:?}")))?;
+        let ids = values
+            .into_iter()
+            .map(|v| {
+                u32::try_from(v).map_err(|_| Error::Shape(format!("token id {v} out of range")))
+            })
+            .collect::<Result<Vec<u32>, Error>>()?;
+        let [_, dim] = self.weight.shape();
+        Ok(self.forward(&ids)?.reshape([batch, seq, dim]))
+    }
+
     /// The same weight as a Linear `[dim] -> [vocab]` (tied output head).
     pub fn as_linear(&self) -> GgmlLinear {
         GgmlLinear {
