@@ -51,3 +51,26 @@ pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
         .map(|x| x.as_u64().expect("id") as u32)
         .collect()
 }
+
+/// Teacher-forced logits of `tokens` through `model` from an empty cache, `[tokens.len(), vocab]`
+/// row-major.
+pub fn teacher_forced_logits(model: &burn_gguf_models::Decoder, tokens: &[u32]) -> Vec<f32> {
+    use burn_gguf_models::CausalLm;
+    let mut cache = model.new_cache();
+    model
+        .forward(tokens, &mut cache, true)
+        .expect("forward")
+        .try_into_data()
+        .expect("device read-back")
+        .try_to_vec::<f32>()
+        .expect("f32 logits")
+}
+
+/// The largest `|a[i] - b[i]|` (the slices must be equally long).
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}

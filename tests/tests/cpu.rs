@@ -3,8 +3,10 @@
 //! reference, within 1e-3).
 use burn::tensor::Device;
 use burn_gguf::{GgufConfig, GgufLoader, LoadKind};
-use burn_gguf_models::{CausalLm, Decoder};
-use burn_gguf_tests::{fixtures, json_ids, read_f32s, read_json};
+use burn_gguf_models::Decoder;
+use burn_gguf_tests::{
+    fixtures, json_ids, max_abs_diff, read_f32s, read_json, teacher_forced_logits,
+};
 use gguf::GgufFile;
 
 #[test]
@@ -33,19 +35,7 @@ fn tiny_models_run_dequantized_on_the_cpu_backend() {
 
         let tokens = json_ids(&entry["teacher_forced_sequence"]);
         let want = read_f32s(&format!("logits/{name}.numpy.logits.f32"));
-        let mut cache = model.new_cache();
-        let got = model
-            .forward(&tokens, &mut cache, true)
-            .unwrap()
-            .try_into_data()
-            .unwrap()
-            .try_to_vec::<f32>()
-            .unwrap();
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let worst = max_abs_diff(&teacher_forced_logits(&model, &tokens), &want);
         assert!(worst <= 1e-3, "{name}: max |logit - reference| = {worst}");
     }
 }
@@ -67,19 +57,7 @@ fn dequantized_weights_in_f16() {
     let model = Decoder::load(&loader).unwrap();
     let tokens = json_ids(&entry["teacher_forced_sequence"]);
     let want = read_f32s(&format!("logits/{name}.numpy.logits.f32"));
-    let mut cache = model.new_cache();
-    let got = model
-        .forward(&tokens, &mut cache, true)
-        .unwrap()
-        .try_into_data()
-        .unwrap()
-        .try_to_vec::<f32>()
-        .unwrap();
-    let worst = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let worst = max_abs_diff(&teacher_forced_logits(&model, &tokens), &want);
     assert!(
         worst <= 0.25,
         "{name} in f16: max |logit - reference| = {worst}"

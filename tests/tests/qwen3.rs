@@ -4,8 +4,8 @@
 //! path and on the dequantized path, and the reference's greedy ids. MoE rows whose recorded
 //! router gap (2nd vs 3rd expert probability) is under 1e-4 in some layer are skipped.
 use burn_gguf::{GgufConfig, GgufLoader};
-use burn_gguf_models::{CausalLm, Decoder};
-use burn_gguf_tests::{json_ids, read_f32s, read_json};
+use burn_gguf_models::Decoder;
+use burn_gguf_tests::{json_ids, read_f32s, read_json, teacher_forced_logits};
 use gguf::GgufFile;
 
 fn argmax(row: &[f32]) -> usize {
@@ -60,14 +60,7 @@ fn check_arch(arch: &str) -> usize {
             if !dequantize {
                 assert_eq!(loader.report().dequantized().count(), 0, "{name}");
             }
-            let mut cache = model.new_cache();
-            let got = model
-                .forward(&tokens, &mut cache, true)
-                .unwrap()
-                .try_into_data()
-                .unwrap()
-                .try_to_vec::<f32>()
-                .unwrap();
+            let got = teacher_forced_logits(&model, &tokens);
             assert_eq!(got.len(), want.len(), "{name}");
             let worst = (0..tokens.len())
                 .filter(|&r| !skip[r])

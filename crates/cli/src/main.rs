@@ -16,6 +16,34 @@ struct Cli {
     command: Command,
 }
 
+/// Sampling options shared by `run` and `chat`.
+#[derive(clap::Args)]
+struct Sampling {
+    /// Temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k (0 keeps all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Top-p (1 keeps all).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl From<Sampling> for SamplerConfig {
+    fn from(s: Sampling) -> Self {
+        SamplerConfig {
+            temperature: s.temp,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            seed: s.seed,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt.
@@ -29,18 +57,8 @@ enum Command {
         /// Most new tokens.
         #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
         n_predict: usize,
-        /// Temperature; 0 is greedy.
-        #[arg(long, default_value_t = 0.8)]
-        temp: f32,
-        /// Top-k (0 keeps all).
-        #[arg(long, default_value_t = 40)]
-        top_k: usize,
-        /// Top-p (1 keeps all).
-        #[arg(long, default_value_t = 0.95)]
-        top_p: f32,
-        /// Random seed.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
+        #[command(flatten)]
+        sampling: Sampling,
         /// Print one JSON object (prompt_ids, generated_ids, text, timings) instead of streaming.
         #[arg(long)]
         json: bool,
@@ -60,18 +78,8 @@ enum Command {
         /// Most new tokens per reply.
         #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
         n_predict: usize,
-        /// Temperature; 0 is greedy.
-        #[arg(long, default_value_t = 0.8)]
-        temp: f32,
-        /// Top-k (0 keeps all).
-        #[arg(long, default_value_t = 40)]
-        top_k: usize,
-        /// Top-p (1 keeps all).
-        #[arg(long, default_value_t = 0.95)]
-        top_p: f32,
-        /// Random seed.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
+        #[command(flatten)]
+        sampling: Sampling,
         /// Dequantize all weights at load (no packed kernels).
         #[arg(long)]
         dequantize: bool,
@@ -108,10 +116,7 @@ fn main() -> ExitCode {
             model,
             prompt,
             n_predict,
-            temp,
-            top_k,
-            top_p,
-            seed,
+            sampling,
             json,
             dequantize,
         } => fetch::resolve_model(&model)
@@ -120,12 +125,7 @@ fn main() -> ExitCode {
                 let opts = RunOptions {
                     prompt,
                     max_new: n_predict,
-                    sampler: SamplerConfig {
-                        temperature: temp,
-                        top_k,
-                        top_p,
-                        seed,
-                    },
+                    sampler: sampling.into(),
                     dequantize,
                     json,
                     progress: !json,
@@ -136,10 +136,7 @@ fn main() -> ExitCode {
             model,
             system,
             n_predict,
-            temp,
-            top_k,
-            top_p,
-            seed,
+            sampling,
             dequantize,
         } => fetch::resolve_model(&model)
             .map_err(|e| e.to_string())
@@ -147,12 +144,7 @@ fn main() -> ExitCode {
                 let opts = burn_gguf_cli::chat::ChatOptions {
                     system,
                     max_new: n_predict,
-                    sampler: SamplerConfig {
-                        temperature: temp,
-                        top_k,
-                        top_p,
-                        seed,
-                    },
+                    sampler: sampling.into(),
                     dequantize,
                 };
                 burn_gguf_cli::chat::chat(&path, &opts, std::io::stdin().lock(), std::io::stdout())
