@@ -226,6 +226,8 @@ struct Layer {
 }
 
 /// A layer's feed-forward network.
+// One per layer and long-lived, so the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Ffn {
     /// `down(act(gate x) * up x)`.
     Dense {
