@@ -220,11 +220,15 @@ impl<'a> GgufLoader<'a> {
         }
     }
 
-    /// `bytes` (`n` values of `info`'s type, all of `info` or a slice of it) dequantized on the
-    /// CPU. A dense tensor lives in one device buffer, so one larger than the device's largest
-    /// buffer is an error here rather than a failed allocation later.
-    fn dense_values(&self, info: &TensorInfo, bytes: &[u8], n: usize) -> Result<Vec<f32>, Error> {
-        let f32_bytes = (n as u64).saturating_mul(size_of::<f32>() as u64);
+    /// The whole tensor `info` dequantized on the CPU. A dense tensor of [`GgufLoader::dense`]
+    /// lives in one device buffer, so one larger than the device's largest buffer is an error
+    /// here rather than a failed allocation later.
+    fn dense_values(&self, info: &TensorInfo) -> Result<Vec<f32>, Error> {
+        let n = usize::try_from(info.n_elements()).map_err(|_| Error::Tensor {
+            name: info.name.clone(),
+            reason: "too many elements".into(),
+        })?;
+        let f32_bytes = info.n_elements().saturating_mul(size_of::<f32>() as u64);
         if let Some(max) = crate::max_buffer_bytes(&self.device).filter(|&max| f32_bytes > max) {
             return Err(Error::Tensor {
                 name: info.name.clone(),
@@ -235,6 +239,7 @@ impl<'a> GgufLoader<'a> {
                 ),
             });
         }
+        let bytes = self.file.tensor_data(info);
         ggml_codec::dequantize_to_vec(info.ggml_type, bytes, n).map_err(|e| Error::Tensor {
             name: info.name.clone(),
             reason: e.to_string(),
@@ -401,8 +406,7 @@ impl<'a> GgufLoader<'a> {
             name: name.into(),
             reason: format!("expected rank {D}, found shape {:?}", info.shape()),
         })?;
-        let n = shape.iter().product();
-        let values = self.dense_values(info, self.file.tensor_data(info), n)?;
+        let values = self.dense_values(info)?;
         let t = Tensor::<D>::from_data(TensorData::new(values, shape), &self.device);
         self.record(info, LoadKind::Dense);
         Ok(t)
