@@ -6,11 +6,13 @@
 //! `Fusion<CubeBackend>`. Packed modules ([`GgmlLinear`], [`GgmlEmbedding`], [`GgmlExperts`]) wrap
 //! the type, and
 //! [`GgufLoader`] builds them from a file, falling back to dequantization, explicitly and
-//! reported, when no kernel fits.
+//! reported, when no kernel fits. [`write::add_quantized`] goes the other way: a Burn tensor,
+//! quantized by the CPU codec, into a [`gguf::GgufWriter`].
 pub mod loader;
 pub mod nn;
 pub mod ops;
 pub mod tensor;
+pub mod write;
 
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
 pub use nn::{DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};

@@ -28,22 +28,13 @@ pub enum GgufError {
         found: Vec<u8>,
     },
 
-    /// The GGUF version is not 2 or 3.
+    /// The GGUF version is not 1, 2 or 3 (in either byte order).
     #[error("unsupported GGUF version {version}: {reason}")]
     UnsupportedVersion {
         /// The version field as read (little-endian).
         version: u32,
         /// Why, in words.
         reason: String,
-    },
-
-    /// The file is a big-endian GGUF file; only little-endian files are supported.
-    #[error(
-        "big-endian GGUF file (version field reads 0x{version:08x}); only little-endian GGUF files are supported"
-    )]
-    BigEndian {
-        /// The version field as read (little-endian).
-        version: u32,
     },
 
     /// The file ends before a field that the header says is there.

@@ -14,12 +14,14 @@
 //! # Ok::<(), gguf::GgufError>(())
 //! ```
 
+pub mod byte_order;
 pub mod error;
 pub mod metadata;
 pub mod reader;
 pub mod types;
 pub mod writer;
 
+pub use byte_order::ByteOrder;
 pub use error::GgufError;
 pub use metadata::{MetadataArray, MetadataValue, MetadataValueType};
 pub use reader::{

@@ -1,9 +1,12 @@
 //! The GGUF reader: parses and checks the header, then hands out zero-copy tensor data.
 //!
-//! Format source: the GGUF spec, `docs/gguf.md` in ggml-org/ggml. Layout of a v2/v3 file
-//! (little-endian): magic `GGUF`, u32 version, u64 tensor count, u64 metadata count, the metadata
-//! key/values, the tensor infos (name, u32 n_dims, n_dims x u64 `ne`, u32 ggml type, u64 offset
-//! relative to the data section), padding to the alignment, then the data section.
+//! Format source: the GGUF spec, `docs/gguf.md` in ggml-org/ggml. Layout of a v2/v3 file: magic
+//! `GGUF`, u32 version, u64 tensor count, u64 metadata count, the metadata key/values, the tensor
+//! infos (name, u32 n_dims, n_dims x u64 `ne`, u32 ggml type, u64 offset relative to the data
+//! section), padding to the alignment, then the data section. GGUF v1 (llama.cpp before
+//! 2023-10) is the same with 32-bit counts: tensor and metadata counts, string and array lengths
+//! and `ne`. Numbers are little-endian, or all big-endian in a big-endian file (see
+//! [`crate::byte_order`]), which is detected from the version field.
 //!
 //! The file is untrusted input: every count, length, offset and size is checked with checked
 //! arithmetic against the bytes that remain, before anything is allocated.
@@ -15,6 +18,7 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
+use crate::byte_order::{ByteOrder, swap_tensor_data};
 use crate::error::GgufError;
 use crate::metadata::{MetadataArray, MetadataValue, MetadataValueType, key_type_error};
 use crate::types::GgmlType;
@@ -35,8 +39,8 @@ pub const MAX_KV: u64 = 1 << 20;
 pub const MAX_DIMS: usize = 4;
 /// Deepest array nesting accepted: an array of arrays of scalars is depth 2.
 pub const MAX_ARRAY_DEPTH: usize = 2;
-/// Oldest GGUF version read (v1 used 32-bit counts and is not supported).
-pub const MIN_VERSION: u32 = 2;
+/// Oldest GGUF version read (v1: 32-bit counts and lengths).
+pub const MIN_VERSION: u32 = 1;
 /// Newest GGUF version read.
 pub const MAX_VERSION: u32 = 3;
 
@@ -104,6 +108,7 @@ impl Storage {
 pub struct GgufFile {
     storage: Storage,
     version: u32,
+    byte_order: ByteOrder,
     alignment: u64,
     data_offset: u64,
     metadata: Vec<(String, MetadataValue)>,
@@ -116,6 +121,7 @@ impl fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GgufFile")
             .field("version", &self.version)
+            .field("byte_order", &self.byte_order)
             .field("file_size", &self.file_size())
             .field("alignment", &self.alignment)
             .field("data_offset", &self.data_offset)
@@ -157,6 +163,10 @@ impl GgufFile {
 
     /// Parses and checks a GGUF file held in memory.
     ///
+    /// A big-endian file's tensor data is byte-swapped to little-endian in place (see
+    /// [`crate::byte_order`]), so [`tensor_data`](Self::tensor_data) always returns
+    /// little-endian data; [`open`](Self::open) copies such a file into memory to do so.
+    ///
     /// # Errors
     /// A typed [`GgufError`] naming the key, tensor or offset for any malformed, truncated or
     /// unsupported input. Never panics.
@@ -166,9 +176,29 @@ impl GgufFile {
 
     fn from_storage(storage: Storage) -> Result<GgufFile, GgufError> {
         let header = parse(storage.bytes())?;
+        let storage = match header.byte_order {
+            ByteOrder::Little => storage,
+            ByteOrder::Big => {
+                let mut bytes = match storage {
+                    Storage::Owned(v) => v,
+                    Storage::Mmap(m) => m.to_vec(),
+                };
+                for t in &header.tensors {
+                    // In bounds: parse checked every tensor's range against the file size.
+                    let start = (header.data_offset + t.offset) as usize;
+                    let data = &mut bytes[start..start + t.n_bytes as usize];
+                    swap_tensor_data(t.ggml_type, data).map_err(|reason| GgufError::Tensor {
+                        name: t.name.clone(),
+                        reason: format!("big-endian file: {reason}"),
+                    })?;
+                }
+                Storage::Owned(bytes)
+            }
+        };
         Ok(GgufFile {
             storage,
             version: header.version,
+            byte_order: header.byte_order,
             alignment: header.alignment,
             data_offset: header.data_offset,
             metadata: header.metadata,
@@ -178,9 +208,16 @@ impl GgufFile {
         })
     }
 
-    /// GGUF version (2 or 3).
+    /// GGUF version (1, 2 or 3).
     pub fn version(&self) -> u32 {
         self.version
+    }
+
+    /// Byte order of the file's numbers. Tensor data from [`tensor_data`](Self::tensor_data) is
+    /// little-endian either way; [`as_bytes`](Self::as_bytes) of a big-endian file has a
+    /// big-endian header and little-endian tensor data.
+    pub fn byte_order(&self) -> ByteOrder {
+        self.byte_order
     }
 
     /// Alignment of the data section and of every tensor's data, in bytes (a power of two).
@@ -434,6 +471,7 @@ impl GgufFile {
 /// What [`parse`] found.
 struct Header {
     version: u32,
+    byte_order: ByteOrder,
     alignment: u64,
     data_offset: u64,
     metadata: Vec<(String, MetadataValue)>,
@@ -442,10 +480,23 @@ struct Header {
     tensor_index: HashMap<String, usize>,
 }
 
-/// A bounds-checked little-endian reader over the file bytes.
+/// A bounds-checked reader over the file bytes, in the file's byte order and count width.
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    byte_order: ByteOrder,
+    /// GGUF v1: counts, lengths and dimensions are `u32`, not `u64`.
+    counts_u32: bool,
+}
+
+/// Decodes a fixed-size number in the file's byte order.
+macro_rules! decode {
+    ($t:ty, $bytes:expr, $order:expr) => {
+        match $order {
+            ByteOrder::Little => <$t>::from_le_bytes($bytes),
+            ByteOrder::Big => <$t>::from_be_bytes($bytes),
+        }
+    };
 }
 
 impl<'a> Cursor<'a> {
@@ -476,17 +527,33 @@ impl<'a> Cursor<'a> {
     }
 
     fn u32(&mut self, what: &dyn Fn() -> String) -> Result<u32, GgufError> {
-        self.array(what).map(u32::from_le_bytes)
+        let order = self.byte_order;
+        self.array(what).map(|b| decode!(u32, b, order))
     }
 
     fn u64(&mut self, what: &dyn Fn() -> String) -> Result<u64, GgufError> {
-        self.array(what).map(u64::from_le_bytes)
+        let order = self.byte_order;
+        self.array(what).map(|b| decode!(u64, b, order))
+    }
+
+    /// Bytes of a count or length field: 4 in GGUF v1, else 8.
+    fn count_width(&self) -> u64 {
+        if self.counts_u32 { 4 } else { 8 }
+    }
+
+    /// A count, length or dimension: `u32` in GGUF v1, `u64` after.
+    fn count(&mut self, what: &dyn Fn() -> String) -> Result<u64, GgufError> {
+        if self.counts_u32 {
+            self.u32(what).map(u64::from)
+        } else {
+            self.u64(what)
+        }
     }
 
     /// Reads a GGUF string (u64 length + UTF-8 bytes). `what` names it in errors.
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String, GgufError> {
         let start = self.pos as u64;
-        let len = self.u64(&|| format!("length of {}", what()))?;
+        let len = self.count(&|| format!("length of {}", what()))?;
         if len > MAX_STRING_LEN {
             return Err(GgufError::Limit {
                 what: format!("length of {} (at byte offset {start})", what()),
@@ -518,17 +585,18 @@ fn read_scalar(
 ) -> Result<MetadataValue, GgufError> {
     use MetadataValueType as T;
     let what = || format!("value of metadata key '{key}'");
+    let order = cur.byte_order;
     Ok(match ty {
         T::U8 => MetadataValue::U8(u8::from_le_bytes(cur.array(&what)?)),
         T::I8 => MetadataValue::I8(i8::from_le_bytes(cur.array(&what)?)),
-        T::U16 => MetadataValue::U16(u16::from_le_bytes(cur.array(&what)?)),
-        T::I16 => MetadataValue::I16(i16::from_le_bytes(cur.array(&what)?)),
-        T::U32 => MetadataValue::U32(u32::from_le_bytes(cur.array(&what)?)),
-        T::I32 => MetadataValue::I32(i32::from_le_bytes(cur.array(&what)?)),
-        T::F32 => MetadataValue::F32(f32::from_le_bytes(cur.array(&what)?)),
-        T::U64 => MetadataValue::U64(u64::from_le_bytes(cur.array(&what)?)),
-        T::I64 => MetadataValue::I64(i64::from_le_bytes(cur.array(&what)?)),
-        T::F64 => MetadataValue::F64(f64::from_le_bytes(cur.array(&what)?)),
+        T::U16 => MetadataValue::U16(decode!(u16, cur.array(&what)?, order)),
+        T::I16 => MetadataValue::I16(decode!(i16, cur.array(&what)?, order)),
+        T::U32 => MetadataValue::U32(decode!(u32, cur.array(&what)?, order)),
+        T::I32 => MetadataValue::I32(decode!(i32, cur.array(&what)?, order)),
+        T::F32 => MetadataValue::F32(decode!(f32, cur.array(&what)?, order)),
+        T::U64 => MetadataValue::U64(decode!(u64, cur.array(&what)?, order)),
+        T::I64 => MetadataValue::I64(decode!(i64, cur.array(&what)?, order)),
+        T::F64 => MetadataValue::F64(decode!(f64, cur.array(&what)?, order)),
         T::Bool => {
             let offset = cur.pos as u64;
             let [b] = cur.array(&what)?;
@@ -562,7 +630,7 @@ fn read_array(cur: &mut Cursor<'_>, key: &str, depth: usize) -> Result<MetadataA
     use MetadataValueType as T;
     let what = || format!("array header of metadata key '{key}'");
     let ty = value_type(cur.u32(&what)?, key, "array element")?;
-    let count = cur.u64(&what)?;
+    let count = cur.count(&what)?;
     if ty == T::Array && depth + 1 > MAX_ARRAY_DEPTH {
         return Err(GgufError::Metadata {
             key: key.to_string(),
@@ -571,10 +639,13 @@ fn read_array(cur: &mut Cursor<'_>, key: &str, depth: usize) -> Result<MetadataA
     }
     // Smallest encoding of one element: fixed size, or a string's length field, or a nested
     // array's type + count. The count must fit in the bytes left before anything is allocated.
-    let min_size = ty.fixed_size().unwrap_or(match ty {
-        T::String => 8,
-        _ => 12,
-    }) as u64;
+    let min_size = ty.fixed_size().map_or(
+        match ty {
+            T::String => cur.count_width(),
+            _ => 4 + cur.count_width(),
+        },
+        |n| n as u64,
+    );
     let needed = count.checked_mul(min_size);
     if needed.is_none_or(|n| n > cur.remaining()) {
         return Err(GgufError::Truncated {
@@ -587,13 +658,14 @@ fn read_array(cur: &mut Cursor<'_>, key: &str, depth: usize) -> Result<MetadataA
     }
     let elem_what = || format!("array element of metadata key '{key}'");
     // For fixed-size types the whole payload is present (checked above): take it at once.
+    let order = cur.byte_order;
     macro_rules! fixed {
         ($variant:ident, $t:ty) => {{
             let bytes = cur.take(count * min_size, &elem_what)?;
             MetadataArray::$variant(
                 bytes
                     .chunks_exact(std::mem::size_of::<$t>())
-                    .map(|c| <$t>::from_le_bytes(c.try_into().unwrap_or_default()))
+                    .map(|c| decode!($t, c.try_into().unwrap_or_default(), order))
                     .collect(),
             )
         }};
@@ -636,7 +708,8 @@ fn read_array(cur: &mut Cursor<'_>, key: &str, depth: usize) -> Result<MetadataA
     })
 }
 
-/// Checks the magic and version. Returns the version.
+/// Checks the magic and version, and sets the cursor's byte order and count width from the
+/// version field. Returns the version.
 fn parse_preamble(cur: &mut Cursor<'_>) -> Result<u32, GgufError> {
     if cur.buf.len() < 4 {
         if !GGUF_MAGIC.starts_with(cur.buf) {
@@ -655,26 +728,39 @@ fn parse_preamble(cur: &mut Cursor<'_>) -> Result<u32, GgufError> {
             found: magic.to_vec(),
         });
     }
-    let version = cur.u32(&|| "version".into())?;
-    if (MIN_VERSION..=MAX_VERSION).contains(&version) {
-        return Ok(version);
-    }
-    if (1..=MAX_VERSION).contains(&version.swap_bytes()) {
-        return Err(GgufError::BigEndian { version });
-    }
-    let reason = if version == 1 {
-        "GGUF v1 (32-bit counts and lengths) is no longer supported; re-convert the model with a current llama.cpp or gguf-py (supported versions: 2, 3)".to_string()
+    let raw: [u8; 4] = cur.array(&|| "version".into())?;
+    let (le, be) = (u32::from_le_bytes(raw), u32::from_be_bytes(raw));
+    let supported = MIN_VERSION..=MAX_VERSION;
+    // Versions are small numbers, so the order that reads one is the file's byte order (a
+    // version >= 2^24 read little-endian would be ambiguous; none exists).
+    let version = if supported.contains(&le) {
+        cur.byte_order = ByteOrder::Little;
+        le
+    } else if supported.contains(&be) {
+        cur.byte_order = ByteOrder::Big;
+        be
     } else {
-        format!("supported versions are {MIN_VERSION} and {MAX_VERSION}")
+        return Err(GgufError::UnsupportedVersion {
+            version: le,
+            reason: format!(
+                "supported versions are {MIN_VERSION} to {MAX_VERSION}, little- or big-endian"
+            ),
+        });
     };
-    Err(GgufError::UnsupportedVersion { version, reason })
+    cur.counts_u32 = version == 1;
+    Ok(version)
 }
 
 fn parse(buf: &[u8]) -> Result<Header, GgufError> {
-    let mut cur = Cursor { buf, pos: 0 };
+    let mut cur = Cursor {
+        buf,
+        pos: 0,
+        byte_order: ByteOrder::Little,
+        counts_u32: false,
+    };
     let version = parse_preamble(&mut cur)?;
-    let n_tensors = cur.u64(&|| "tensor count".into())?;
-    let n_kv = cur.u64(&|| "metadata key/value count".into())?;
+    let n_tensors = cur.count(&|| "tensor count".into())?;
+    let n_kv = cur.count(&|| "metadata key/value count".into())?;
     if n_tensors > MAX_TENSORS {
         return Err(GgufError::Limit {
             what: "tensor count".into(),
@@ -689,9 +775,11 @@ fn parse(buf: &[u8]) -> Result<Header, GgufError> {
             limit: MAX_KV,
         });
     }
-    // Each key/value takes at least 8 (key length) + 4 (type) + 1 (value) bytes, and each tensor
-    // info 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset) bytes.
-    let min_header = n_kv * 13 + n_tensors * 24;
+    // Each key/value takes at least a key length + 4 (type) + 1 (value) bytes, and each tensor
+    // info a name length + 4 (n_dims) + 4 (type) + 8 (offset) bytes. Both counts are bounded
+    // above, so this cannot overflow.
+    let w = cur.count_width();
+    let min_header = n_kv * (w + 5) + n_tensors * (w + 16);
     if min_header > cur.remaining() {
         return Err(GgufError::Truncated {
             what: format!("{n_kv} metadata entries and {n_tensors} tensor infos"),
@@ -756,7 +844,7 @@ fn parse(buf: &[u8]) -> Result<Header, GgufError> {
         }
         let mut ne = Vec::with_capacity(n_dims as usize);
         for j in 0..n_dims {
-            let d = cur.u64(&|| format!("ne[{j}] of tensor '{name}'"))?;
+            let d = cur.count(&|| format!("ne[{j}] of tensor '{name}'"))?;
             if d == 0 {
                 return Err(tensor_err(format!("dimension ne[{j}] is 0")));
             }
@@ -837,8 +925,27 @@ fn parse(buf: &[u8]) -> Result<Header, GgufError> {
         }
     }
 
+    // Tensor data must not overlap: a file whose tensors alias each other's bytes is corrupt or
+    // crafted (ggml requires them laid out one after another).
+    let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
+    by_offset.sort_by_key(|t| t.offset);
+    for pair in by_offset.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        // a.offset + a.n_bytes fits in u64: checked against the file size above.
+        if a.offset + a.n_bytes > b.offset {
+            return Err(GgufError::Tensor {
+                name: b.name.clone(),
+                reason: format!(
+                    "data at offset {} overlaps tensor '{}' (offset {}, {} bytes) in the data section",
+                    b.offset, a.name, a.offset, a.n_bytes
+                ),
+            });
+        }
+    }
+
     Ok(Header {
         version,
+        byte_order: cur.byte_order,
         alignment,
         data_offset,
         metadata,
