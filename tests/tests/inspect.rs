@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 fn summary_of_gemma_lists_header_types_and_tensors() {
     let file = GgufFile::open(burn_gguf_tests::gemma_path()).unwrap();
     let s = summary(&file, &burn_gguf::default_device());
-    assert!(s.starts_with("GGUF v3, 253113024 bytes, alignment 32, data section at byte 6525120, 33 metadata keys, 236 tensors"), "{s}");
+    assert!(s.starts_with("GGUF v3 (little-endian), 253113024 bytes, alignment 32, data section at byte 6525120, 33 metadata keys, 236 tensors"), "{s}");
     assert!(s.contains("token_embd.weight"), "{s}");
     // The load plan column: weights packed (token_embd's 178 MB split across buffers), norms
     // dense.

@@ -67,8 +67,12 @@ pub fn summary(file: &GgufFile, device: &burn::tensor::Device) -> String {
     let tensors = file.tensors();
     let _ = writeln!(
         out,
-        "GGUF v{}, {} bytes, alignment {}, data section at byte {}, {} metadata keys, {} tensors",
+        "GGUF v{} ({}), {} bytes, alignment {}, data section at byte {}, {} metadata keys, {} tensors",
         file.version(),
+        match file.byte_order() {
+            gguf::ByteOrder::Little => "little-endian",
+            gguf::ByteOrder::Big => "big-endian, tensor data swapped on read",
+        },
         file.file_size(),
         file.alignment(),
         file.data_offset(),

@@ -73,3 +73,30 @@ pub fn swap_tensor_data(ty: GgmlType, data: &mut [u8]) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_lie_inside_their_block() {
+        for &ty in GgmlType::all() {
+            if let Some(fields) = block_fields(ty) {
+                for &(offset, width) in fields {
+                    assert!(offset + width <= ty.type_size(), "{ty}");
+                    assert!(matches!(width, 2 | 4 | 8), "{ty}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q6_k_swaps_only_its_trailing_d() {
+        let mut block: Vec<u8> = (0..210).map(|i| i as u8).collect();
+        swap_tensor_data(GgmlType::Q6_K, &mut block).unwrap();
+        assert_eq!(&block[..208], &(0..208).map(|i| i as u8).collect::<Vec<_>>()[..]);
+        assert_eq!(&block[208..], &[209, 208]);
+        assert!(swap_tensor_data(GgmlType::Q6_K, &mut block[..209]).is_err());
+        assert!(swap_tensor_data(GgmlType::IQ2_XXS, &mut [0u8; 66]).is_err());
+    }
+}
