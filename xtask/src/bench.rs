@@ -40,8 +40,11 @@
 //!
 //! Weights are random valid blocks (a small set repeated: the values do not matter for timing,
 //! only that they decode to finite numbers).
-use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+mod e2e;
+mod system;
+
+use std::path::PathBuf;
+use std::time::Instant;
 
 use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 use burn_gguf::{DenseWeight, GgmlTensor, Weight};
@@ -51,6 +54,7 @@ use ggml_kernels::check::rand_f32;
 use ggml_kernels::{GemvConfig, MAX_GEMV_ROWS, cube_count_for, words_for_bytes};
 use gguf::GgmlType;
 use serde_json::{Value, json};
+use system::{adapters, cache_state, print_caches, utc_now};
 
 /// The GEMV shapes `[rows, cols]`: a 4096-wide projection, the FFN up/gate and down of an
 /// 8B-class model, and Gemma 3's 262,144 x 640 token embedding (its tied output head).
@@ -73,17 +77,6 @@ pub const PREFILL_ROWS: usize = 512;
 const READ_CUBE_DIM: u32 = 256;
 /// Vectors each unit of the read kernel loads (unrolled, so they are all in flight at once).
 const READ_UNROLL: u32 = 8;
-
-/// The llama.cpp figure for the same model on this machine class (CPU, 2 threads).
-const LLAMA_BENCH_MD: &str = "shared/fixtures/gemma/gemma3_270m_llama_bench.md";
-
-/// Prompt of a full run's end-to-end measurement (about 60 tokens).
-const LONG_PROMPT: &str = "The old lighthouse keeper climbed the spiral stairs every evening, \
-    counting the one hundred and twelve steps as his father had taught him. At the top he wiped \
-    the salt from the great lens, trimmed the wick, and watched the fishing boats come home \
-    across the darkening bay. One night, a ship he had never seen before";
-/// Prompt of a quick run's end-to-end measurement.
-const SHORT_PROMPT: &str = "Once upon a time";
 
 /// Options of one run (the command line of `cargo xtask bench`).
 #[derive(Clone, Debug, Default)]
@@ -397,12 +390,164 @@ fn variant_name(c: GemvConfig) -> String {
     )
 }
 
+/// What every measurement of a run shares.
+struct Bench {
+    device: Device,
+    client: Client,
+    /// Largest buffer the device takes, in bytes.
+    max_buffer: u64,
+    /// The GEMV variant the library selects for the device.
+    config: GemvConfig,
+    budget: Budget,
+    /// Also time the GEMV through Burn ([`GgmlTensor::matmul_t`]).
+    burn_path: bool,
+}
+
+impl Bench {
+    /// The dense path on `shape`: seconds per call for each of `batches`, and for
+    /// [`PREFILL_ROWS`] when `prefill`.
+    fn dense(
+        &self,
+        shape: [usize; 2],
+        batches: &[usize],
+        prefill: bool,
+    ) -> Result<(Vec<Timing>, Option<Timing>), String> {
+        let [rows, cols] = shape;
+        let values = rand_f32(rows * cols, 99);
+        let dense = DenseWeight::from_values(
+            values,
+            shape,
+            &self.device,
+            self.max_buffer,
+            FloatDType::F32,
+        )
+        .map_err(|e| e.to_string())?;
+        let dense = Weight::Dense(dense);
+        let matmul = |x| dense.matmul_t(x);
+        let times = batches
+            .iter()
+            .map(|&m| time_burn(&self.device, m, cols, self.budget, matmul))
+            .collect::<Result<Vec<_>, _>>()?;
+        let prefill = match prefill {
+            true => Some(time_burn(
+                &self.device,
+                PREFILL_ROWS,
+                cols,
+                self.budget,
+                matmul,
+            )?),
+            false => None,
+        };
+        Ok((times, prefill))
+    }
+
+    /// The packed measurements of `ty` on `shape`: one GEMV row per batch, and the prefill row
+    /// when `dense_prefill` (the dense time to compare with) is given; each is printed, then
+    /// handed to `emit` as JSON with `true` for the prefill row.
+    fn packed(
+        &self,
+        ty: GgmlType,
+        shape: [usize; 2],
+        batches: &[usize],
+        dense: &[Timing],
+        dense_prefill: Option<Timing>,
+        emit: &mut dyn FnMut(Value, bool) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let [rows, cols] = shape;
+        let name = format!("{rows}x{cols}");
+        let bytes = weight_bytes(ty, shape)?;
+        let n_bytes = bytes.len();
+        let raw = RawWeight::upload(&self.client, ty, &bytes, shape, self.max_buffer)?;
+        let read = read_bandwidth(&self.client, &raw, n_bytes, self.budget)?;
+        let tensor =
+            GgmlTensor::from_bytes(&bytes, ty, shape, &self.device).map_err(|e| e.to_string())?;
+        drop(bytes);
+        for (&m, d) in batches.iter().zip(dense) {
+            let k = time_gemv(&self.client, ty, &raw, cols, m, self.config, self.budget)?;
+            let b = match self.burn_path {
+                true => Some(time_burn(&self.device, m, cols, self.budget, |x| {
+                    tensor.matmul_t(x)
+                })?),
+                false => None,
+            };
+            let packed = b.unwrap_or(k).seconds;
+            let gbps = n_bytes as f64 / k.seconds / 1e9;
+            let ratio = gbps / read.gbps;
+            println!(
+                "{:<8} {name:>12} {m:>2} {:>10.3} {gbps:>8.2} {:>9.2} {ratio:>6.2} {:>10} {:>10.3} {:>8.2}",
+                ty.to_string(),
+                k.seconds * 1e3,
+                read.gbps,
+                b.map_or("-".to_string(), |b| format!("{:.3}", b.seconds * 1e3)),
+                d.seconds * 1e3,
+                packed / d.seconds
+            );
+            emit(
+                json!({
+                "type": ty.to_string(),
+                "rows": rows,
+                "cols": cols,
+                "batch": m,
+                "variant": variant_name(self.config),
+                "weight_bytes": n_bytes,
+                "parts": raw.parts.len(),
+                "seconds": k.seconds,
+                "iterations": k.iterations,
+                "gbps": gbps,
+                "read_gbps": read.gbps,
+                "read_seconds": read.timing.seconds,
+                "read_vector_size": read.vector_size,
+                "ratio_to_read": ratio,
+                "burn_seconds": b.map(|b| b.seconds),
+                "dense_seconds": d.seconds,
+                "dense_gbps": (rows * cols * 4) as f64 / d.seconds / 1e9,
+                "packed_over_dense": packed / d.seconds,
+                "packed_over_dense_from": if b.is_some() { "burn" } else { "kernel" },
+                }),
+                false,
+            )?;
+        }
+        let Some(dp) = dense_prefill else {
+            return Ok(());
+        };
+        let p = time_burn(&self.device, PREFILL_ROWS, cols, self.budget, |x| {
+            tensor.matmul_t(x)
+        })?;
+        let flop = 2.0 * (PREFILL_ROWS * rows * cols) as f64;
+        println!(
+            "{:<8} {name:>12} {PREFILL_ROWS:>3} prefill: packed {:.1} ms ({:.1} GFLOP/s), dense {:.1} ms ({:.1} GFLOP/s), packed/dense {:.2}",
+            ty.to_string(),
+            p.seconds * 1e3,
+            flop / p.seconds / 1e9,
+            dp.seconds * 1e3,
+            flop / dp.seconds / 1e9,
+            p.seconds / dp.seconds
+        );
+        emit(
+            json!({
+            "type": ty.to_string(),
+            "rows": rows,
+            "cols": cols,
+            "batch": PREFILL_ROWS,
+            "seconds": p.seconds,
+            "iterations": p.iterations,
+            "gflops": flop / p.seconds / 1e9,
+            "dense_seconds": dp.seconds,
+            "dense_gflops": flop / dp.seconds / 1e9,
+            "packed_over_dense": p.seconds / dp.seconds,
+            }),
+            true,
+        )
+    }
+}
+
 /// Runs the benchmark and prints the table; writes the JSON file when asked.
 ///
 /// # Errors
 /// A device that is not a CubeCL one, a failed launch or read-back, an unwritable JSON file.
 pub fn run(opts: &Options) -> Result<(), String> {
     let t_start = Instant::now();
+    let started = utc_now();
     let budget = Budget {
         min_s: opts
             .min_time
@@ -411,6 +556,9 @@ pub fn run(opts: &Options) -> Result<(), String> {
     };
     if !(budget.min_s.is_finite() && budget.min_s >= 0.0) {
         return Err(format!("--min-time {} is not a duration", budget.min_s));
+    }
+    if let Some(t) = opts.types.iter().find(|t| !ggml_kernels::supports(**t)) {
+        return Err(format!("no kernel for {t}"));
     }
     let caches = cache_state();
     let (adapters, backend) = adapters();
@@ -452,7 +600,7 @@ pub fn run(opts: &Options) -> Result<(), String> {
         println!("end to end: skipped (--no-e2e)\n");
         json!({"skipped": "--no-e2e"})
     } else {
-        end_to_end(opts)
+        e2e::end_to_end(opts)
     };
 
     let selected: Vec<GgmlType> = GgmlType::all()
@@ -461,9 +609,6 @@ pub fn run(opts: &Options) -> Result<(), String> {
         .filter(|t| ggml_kernels::supports(*t))
         .filter(|t| opts.types.is_empty() || opts.types.contains(t))
         .collect();
-    if let Some(t) = opts.types.iter().find(|t| !ggml_kernels::supports(**t)) {
-        return Err(format!("no kernel for {t}"));
-    }
     let explicit = !opts.types.is_empty();
     let prefill_types: Vec<GgmlType> = if explicit {
         selected.clone()
@@ -478,7 +623,8 @@ pub fn run(opts: &Options) -> Result<(), String> {
         };
         let doc = json!({
             "tool": "cargo xtask bench",
-            "date": utc_now(),
+            "date": started,
+            "written": utc_now(),
             "complete": complete,
             "quick": opts.quick,
             "min_seconds": budget.min_s,
@@ -491,11 +637,23 @@ pub fn run(opts: &Options) -> Result<(), String> {
             "total_seconds": t_start.elapsed().as_secs_f64(),
         });
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+        // Through a temporary file, so a run stopped while writing leaves the previous version.
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, text + "\n")
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| format!("{}: {e}", path.display()))
     };
     // Written after every measurement too, so a run cut short leaves what it measured.
     save(&[], &[], false)?;
 
+    let bench = Bench {
+        device,
+        client,
+        max_buffer,
+        config,
+        budget,
+        burn_path: !opts.quick,
+    };
     let mut gemv_rows: Vec<Value> = Vec::new();
     let mut prefill_rows: Vec<Value> = Vec::new();
     println!(
@@ -535,111 +693,23 @@ pub fn run(opts: &Options) -> Result<(), String> {
         }
         let prefill_here = !reduced && fitting.iter().any(|t| prefill_types.contains(t));
 
-        // The dense path for this shape (its time does not depend on the source type).
-        let dense = DenseWeight::from_values(
-            rand_f32(rows * cols, 99),
-            shape,
-            &device,
-            max_buffer,
-            FloatDType::F32,
-        )
-        .map_err(|e| e.to_string())?;
-        let dense = Weight::Dense(dense);
-        let mut dense_t = Vec::new();
-        for &m in batches {
-            dense_t.push(time_burn(&device, m, cols, budget, |x| dense.matmul_t(x))?);
-        }
-        let dense_prefill = if prefill_here {
-            Some(time_burn(&device, PREFILL_ROWS, cols, budget, |x| {
-                dense.matmul_t(x)
-            })?)
-        } else {
-            None
-        };
-        drop(dense);
-
+        let (dense, dense_prefill) = bench.dense(shape, batches, prefill_here)?;
         for ty in fitting {
-            let bytes = weight_bytes(ty, shape)?;
-            let n_bytes = bytes.len();
-            let raw = RawWeight::upload(&client, ty, &bytes, shape, max_buffer)?;
-            let read = read_bandwidth(&client, &raw, n_bytes, budget)?;
-            let tensor =
-                GgmlTensor::from_bytes(&bytes, ty, shape, &device).map_err(|e| e.to_string())?;
-            drop(bytes);
-            for (mi, &m) in batches.iter().enumerate() {
-                let k = time_gemv(&client, ty, &raw, cols, m, config, budget)?;
-                // The Burn path only in a full run (on lavapipe it is the kernel's time).
-                let b = if opts.quick {
-                    None
-                } else {
-                    Some(time_burn(&device, m, cols, budget, |x| tensor.matmul_t(x))?)
-                };
-                let packed = b.unwrap_or(k).seconds;
-                let d = dense_t[mi];
-                let gbps = n_bytes as f64 / k.seconds / 1e9;
-                let ratio = gbps / read.gbps;
-                println!(
-                    "{:<8} {:>12} {m:>2} {:>10.3} {gbps:>8.2} {:>9.2} {ratio:>6.2} {:>10} {:>10.3} {:>8.2}",
-                    ty.to_string(),
-                    format!("{rows}x{cols}"),
-                    k.seconds * 1e3,
-                    read.gbps,
-                    b.map_or("-".to_string(), |b| format!("{:.3}", b.seconds * 1e3)),
-                    d.seconds * 1e3,
-                    packed / d.seconds
-                );
-                gemv_rows.push(json!({
-                    "type": ty.to_string(),
-                    "rows": rows,
-                    "cols": cols,
-                    "batch": m,
-                    "variant": variant_name(config),
-                    "weight_bytes": n_bytes,
-                    "parts": raw.parts.len(),
-                    "seconds": k.seconds,
-                    "iterations": k.iterations,
-                    "gbps": gbps,
-                    "read_gbps": read.gbps,
-                    "read_seconds": read.timing.seconds,
-                    "read_vector_size": read.vector_size,
-                    "ratio_to_read": ratio,
-                    "burn_seconds": b.map(|b| b.seconds),
-                    "dense_seconds": d.seconds,
-                    "dense_gbps": (rows * cols * 4) as f64 / d.seconds / 1e9,
-                    "packed_over_dense": packed / d.seconds,
-                    "packed_over_dense_from": if b.is_some() { "burn" } else { "kernel" },
-                }));
-                save(&gemv_rows, &prefill_rows, false)?;
-            }
-            if let (true, Some(dp)) = (prefill_types.contains(&ty), dense_prefill) {
-                let p = time_burn(&device, PREFILL_ROWS, cols, budget, |x| tensor.matmul_t(x))?;
-                let flop = 2.0 * (PREFILL_ROWS * rows * cols) as f64;
-                println!(
-                    "{:<8} {:>12} {PREFILL_ROWS:>3} prefill: packed {:.1} ms ({:.1} GFLOP/s), dense {:.1} ms ({:.1} GFLOP/s), packed/dense {:.2}",
-                    ty.to_string(),
-                    format!("{rows}x{cols}"),
-                    p.seconds * 1e3,
-                    flop / p.seconds / 1e9,
-                    dp.seconds * 1e3,
-                    flop / dp.seconds / 1e9,
-                    p.seconds / dp.seconds
-                );
-                prefill_rows.push(json!({
-                    "type": ty.to_string(),
-                    "rows": rows,
-                    "cols": cols,
-                    "batch": PREFILL_ROWS,
-                    "seconds": p.seconds,
-                    "iterations": p.iterations,
-                    "gflops": flop / p.seconds / 1e9,
-                    "dense_seconds": dp.seconds,
-                    "dense_gflops": flop / dp.seconds / 1e9,
-                    "packed_over_dense": p.seconds / dp.seconds,
-                }));
-                save(&gemv_rows, &prefill_rows, false)?;
-            }
-            drop(tensor);
-            drop(raw);
+            let prefill = dense_prefill.filter(|_| prefill_types.contains(&ty));
+            bench.packed(
+                ty,
+                shape,
+                batches,
+                &dense,
+                prefill,
+                &mut |row, is_prefill| {
+                    match is_prefill {
+                        true => prefill_rows.push(row),
+                        false => gemv_rows.push(row),
+                    }
+                    save(&gemv_rows, &prefill_rows, false)
+                },
+            )?;
         }
     }
 
@@ -649,314 +719,6 @@ pub fn run(opts: &Options) -> Result<(), String> {
         println!("wrote {}", path.display());
     }
     Ok(())
-}
-
-/// The end-to-end measurement as JSON; `{"skipped": reason}` when there is no model or it fails
-/// (the kernel benchmarks still run).
-fn end_to_end(opts: &Options) -> Value {
-    let path = match &opts.model {
-        Some(p) => p.clone(),
-        None => {
-            let Some(known) = burn_gguf_cli::fetch::known_model("gemma3-270m") else {
-                return json!({"skipped": "no known gemma3-270m model"});
-            };
-            burn_gguf_cli::fetch::cache_dir()
-                .join("models")
-                .join(known.file_name)
-        }
-    };
-    if !path.is_file() {
-        let why = format!(
-            "model {} not found (`cargo xtask fetch-model gemma3-270m`, or --model PATH)",
-            path.display()
-        );
-        println!("end to end: skipped: {why}\n");
-        return json!({"skipped": why, "model": path.display().to_string()});
-    }
-    match generate_timed(&path, opts.quick) {
-        Ok(v) => v,
-        Err(e) => {
-            println!("end to end: failed: {e}\n");
-            json!({"skipped": format!("failed: {e}"), "model": path.display().to_string()})
-        }
-    }
-}
-
-fn generate_timed(path: &Path, quick: bool) -> Result<Value, String> {
-    use burn_gguf_models::{Sampler, SamplerConfig, generate};
-    let (prompt, cold_n, warm_n) = if quick {
-        (SHORT_PROMPT, 4, 16)
-    } else {
-        (LONG_PROMPT, 8, 64)
-    };
-    println!("end to end: {}", path.display());
-    let loaded = burn_gguf_cli::run::load(path, false, false)?;
-    let greedy = SamplerConfig::default();
-    let mut runs = Vec::new();
-    for (label, n) in [("cold", cold_n), ("warm", warm_n)] {
-        let g = generate(
-            &loaded.model,
-            &loaded.tokenizer,
-            prompt,
-            n,
-            &mut Sampler::new(greedy.clone()),
-            |_| {},
-        )
-        .map_err(|e| e.to_string())?;
-        let t = &g.timings;
-        println!(
-            "  {label}: time to first token {:.1} ms ({} prompt tokens, {:.1} tokens/s), decode {} tokens at {:.2} tokens/s",
-            t.prompt_ms,
-            t.prompt_tokens,
-            t.prompt_tps(),
-            t.decode_tokens,
-            t.decode_tps()
-        );
-        runs.push(json!({
-            "run": label,
-            "ttft_ms": t.prompt_ms,
-            "prompt_tokens": t.prompt_tokens,
-            "prompt_tokens_per_s": t.prompt_tps(),
-            "decode_tokens": t.decode_tokens,
-            "decode_ms": t.decode_ms,
-            "decode_tokens_per_s": t.decode_tps(),
-            "text": g.text,
-        }));
-    }
-    let rss_kb = peak_rss_kb();
-    let warm_decode = runs[1]["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN);
-    let warm_prompt = runs[1]["prompt_tokens_per_s"].as_f64().unwrap_or(f64::NAN);
-    let is_gemma = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("gemma-3-270m"));
-    let llama = if is_gemma { llama_reference() } else { None };
-    println!(
-        "  load {:.2} s, peak RSS {}",
-        loaded.load_s,
-        rss_kb.map_or("unknown".into(), |k| format!("{k} kB"))
-    );
-    match &llama {
-        Some((file, pp, tg)) => println!(
-            "  llama.cpp ({file}): pp64 {pp:.2} t/s, tg32 {tg:.2} t/s; decode here / llama.cpp = {:.3}, prompt here / llama.cpp = {:.3}\n",
-            warm_decode / tg,
-            warm_prompt / pp
-        ),
-        None => println!("  (no llama.cpp reference for this model here)\n"),
-    }
-    Ok(json!({
-        "model": path.display().to_string(),
-        "prompt": prompt,
-        "load_seconds": loaded.load_s,
-        "runs": runs,
-        "decode_tokens_per_s": warm_decode,
-        "prompt_tokens_per_s": warm_prompt,
-        "ttft_ms": runs[1]["ttft_ms"],
-        "peak_rss_kb": rss_kb,
-        "llama_cpp": llama.as_ref().map(|(file, pp, tg)| json!({
-            "file": file,
-            "pp64_tokens_per_s": pp,
-            "tg32_tokens_per_s": tg,
-            "decode_ratio": warm_decode / tg,
-            "prompt_ratio": warm_prompt / pp,
-        })),
-    }))
-}
-
-/// `VmHWM` of this process (peak resident set), in kB.
-fn peak_rss_kb() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-}
-
-/// llama.cpp's pp64 and tg32 tokens/s for Gemma 3 270M from the fixture table (`../shared`
-/// beside the checkout, found from the working directory or from where xtask was built).
-fn llama_reference() -> Option<(String, f64, f64)> {
-    let candidates = [
-        PathBuf::from("..").join(LLAMA_BENCH_MD),
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../..")
-            .join(LLAMA_BENCH_MD),
-    ];
-    let (path, text) = candidates
-        .iter()
-        .find_map(|p| Some((p, std::fs::read_to_string(p).ok()?)))?;
-    let rate = |test: &str| -> Option<f64> {
-        text.lines().find_map(|l| {
-            let cols: Vec<&str> = l.split('|').map(str::trim).collect();
-            let i = cols.iter().position(|c| *c == test)?;
-            cols.get(i + 1)?.split_whitespace().next()?.parse().ok()
-        })
-    };
-    Some((path.display().to_string(), rate("pp64")?, rate("tg32")?))
-}
-
-/// The wgpu adapters this machine has, on every backend, as text (name, backend, type,
-/// driver), and the backend CubeCL's automatic choice lands on: the first of Vulkan, DX12 and
-/// OpenGL with a GPU adapter, else the first with any (`cubecl-wgpu`'s `AutoGraphicsApi` order;
-/// it reads no `WGPU_BACKEND`).
-fn adapters() -> (Value, Option<String>) {
-    use cubecl::wgpu::wgpu;
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
-        backends: wgpu::Backends::all(),
-        ..wgpu::InstanceDescriptor::new_without_display_handle()
-    });
-    let infos: Vec<wgpu::AdapterInfo> =
-        cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
-            .iter()
-            .map(|a| a.get_info())
-            .collect();
-    let chain = [
-        wgpu::Backend::Vulkan,
-        wgpu::Backend::Dx12,
-        wgpu::Backend::Gl,
-    ];
-    let on = |b: wgpu::Backend| infos.iter().filter(move |i| i.backend == b);
-    let gpu = chain
-        .iter()
-        .find(|b| on(**b).any(|i| i.device_type != wgpu::DeviceType::Cpu));
-    let backend = gpu
-        .or_else(|| chain.iter().find(|b| on(**b).next().is_some()))
-        .map(|b| format!("{b:?}"));
-    let list = infos
-        .iter()
-        .map(|i| {
-            Value::String(format!(
-                "{} ({:?}, {:?}, driver {} {})",
-                i.name, i.backend, i.device_type, i.driver, i.driver_info
-            ))
-        })
-        .collect();
-    (Value::Array(list), backend)
-}
-
-/// Whether CubeCL's environment database and the drivers' shader caches existed (and how big they
-/// were) when the run started.
-fn cache_state() -> Value {
-    use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
-    // Loads cubecl.toml / CUBECL_* so the environment path is the one the runtime will use.
-    let _ = CubeClRuntimeConfig::get();
-    let cubecl_db = cubecl::environment::path();
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    let cache_home = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| home.map(|h| h.join(".cache")));
-    let mut mesa: Vec<PathBuf> = Vec::new();
-    if let Some(dir) = std::env::var_os("MESA_SHADER_CACHE_DIR") {
-        mesa.push(PathBuf::from(dir));
-    }
-    if let Some(c) = &cache_home {
-        match std::fs::read_dir(c) {
-            Ok(entries) => {
-                let mut found: Vec<PathBuf> = entries
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| {
-                        p.file_name()
-                            .and_then(|n| n.to_str())
-                            .is_some_and(|n| n.starts_with("mesa_shader_cache"))
-                    })
-                    .collect();
-                found.sort();
-                mesa.extend(found);
-            }
-            Err(_) => mesa.push(c.join("mesa_shader_cache")),
-        }
-        if mesa.is_empty() {
-            mesa.push(c.join("mesa_shader_cache"));
-        }
-    }
-    let nvidia = std::env::var_os("__GL_SHADER_DISK_CACHE_PATH")
-        .map(PathBuf::from)
-        .or_else(|| {
-            cache_home
-                .as_ref()
-                .map(|c| c.join("nvidia").join("GLCache"))
-        });
-    let entry = |p: &Path| {
-        let (files, bytes) = dir_size(p);
-        json!({
-            "path": p.display().to_string(),
-            "existed": p.exists(),
-            "files": files,
-            "bytes": bytes,
-        })
-    };
-    json!({
-        "cubecl": entry(&cubecl_db),
-        "mesa": mesa.iter().map(|p| entry(p)).collect::<Vec<_>>(),
-        "nvidia": nvidia.as_deref().map(entry),
-    })
-}
-
-fn print_caches(caches: &Value) {
-    let line = |what: &str, v: &Value| {
-        let existed = v["existed"].as_bool().unwrap_or(false);
-        println!(
-            "cache at start: {what} {}: {}",
-            v["path"].as_str().unwrap_or("?"),
-            if existed {
-                format!("present, {} files, {} bytes (warm)", v["files"], v["bytes"])
-            } else {
-                "absent (cold)".to_string()
-            }
-        );
-    };
-    line("cubecl environment", &caches["cubecl"]);
-    for m in caches["mesa"].as_array().into_iter().flatten() {
-        line("mesa shaders", m);
-    }
-    if !caches["nvidia"].is_null() {
-        line("nvidia shaders", &caches["nvidia"]);
-    }
-}
-
-/// Files and bytes under `p` (a file counts as one), following no links.
-fn dir_size(p: &Path) -> (u64, u64) {
-    let Ok(meta) = std::fs::symlink_metadata(p) else {
-        return (0, 0);
-    };
-    if meta.is_file() {
-        return (1, meta.len());
-    }
-    if !meta.is_dir() {
-        return (0, 0);
-    }
-    let mut total = (0, 0);
-    for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
-        let (f, b) = dir_size(&e.path());
-        total.0 += f;
-        total.1 += b;
-    }
-    total
-}
-
-/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
 }
 
 #[cfg(test)]
@@ -983,13 +745,6 @@ mod tests {
         assert!(t.iterations >= 3);
         assert_eq!(calls, t.iterations + 1);
         assert!(t.seconds >= 0.001);
-    }
-
-    #[test]
-    fn utc_date_format() {
-        let s = utc_now();
-        assert_eq!(s.len(), 20);
-        assert!(s.starts_with("20") && s.ends_with('Z'));
     }
 
     #[test]
