@@ -12,6 +12,8 @@
 # does not travel), stopped after $BENCH_TIMEOUT seconds (360) if it runs long; the JSON is
 # rewritten after every measurement, so a stopped run keeps what it measured ("complete": false).
 #
+# GPU_BENCH_SKIP_LOADERS=1 skips unpacking .gl into / (to try `run` on a machine that has them).
+#
 # The wgpu backend: cubecl-wgpu 0.11.3 tries Vulkan, then DX12, then OpenGL, and takes the first
 # with a GPU adapter (it does not read WGPU_BACKEND); the benchmark prints every adapter it sees
 # and the backend chosen.
@@ -44,7 +46,7 @@ prepare() {
     xz -9 -T0 "$BENCH_DIR/xtask"
     local fixtures="../shared/fixtures/gguf"
     if [ -f "$fixtures/$TINY_MODEL" ]; then
-        cp "$fixtures/$TINY_MODEL" "$BENCH_DIR/$TINY_MODEL"
+        install -m 0644 "$fixtures/$TINY_MODEL" "$BENCH_DIR/$TINY_MODEL"
     else
         echo "gpu-bench: $fixtures/$TINY_MODEL not found: the GPU run will skip end to end" >&2
         rm -f "$BENCH_DIR/$TINY_MODEL"
@@ -65,11 +67,16 @@ run() {
     local out="${OUT:-$PWD/bench-out}"
     mkdir -p "$out"
     [ -f "$BENCH_DIR/xtask.xz" ] || die "$BENCH_DIR/xtask.xz missing: run 'prepare' here and carry $BENCH_DIR"
-    compgen -G "$GL_DIR/*.deb" >/dev/null || die "no packages in $GL_DIR: run 'prepare' and carry $GL_DIR"
+    [ -n "${GPU_BENCH_SKIP_LOADERS:-}" ] || compgen -G "$GL_DIR/*.deb" >/dev/null ||
+        die "no packages in $GL_DIR: run 'prepare' and carry $GL_DIR"
 
-    echo "== Vulkan/GL loaders from $GL_DIR"
-    for f in "$GL_DIR"/*.deb; do dpkg -x "$f" /; done
-    ldconfig
+    if [ -n "${GPU_BENCH_SKIP_LOADERS:-}" ]; then
+        echo "== GPU_BENCH_SKIP_LOADERS set: using this machine's loaders"
+    else
+        echo "== Vulkan/GL loaders from $GL_DIR"
+        for f in "$GL_DIR"/*.deb; do dpkg -x "$f" /; done
+        ldconfig
+    fi
     local icds
     icds=$(ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json 2>/dev/null || true)
     if [ -z "$icds" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then
@@ -80,6 +87,12 @@ run() {
         echo "no Vulkan ICD in the standard places: VK_DRIVER_FILES=$VK_DRIVER_FILES"
     else
         echo "Vulkan ICDs: ${icds:-VK_DRIVER_FILES=$VK_DRIVER_FILES}"
+    fi
+
+    # Mesa's and the EGL loader's probes complain without one.
+    if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+        export XDG_RUNTIME_DIR=/tmp/xdg-gpu-bench
+        mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
     fi
 
     echo "== unpacking the benchmark"
