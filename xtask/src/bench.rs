@@ -11,9 +11,10 @@
 //!   runs), split by rows into buffers the device takes (128 MiB on lavapipe). `gbps` is weight
 //!   bytes / seconds (10^9 bytes per second; activations and outputs are not counted).
 //! - **read**: a plain read kernel ([`read_words`]) over the same weight buffers, as wide vectors
-//!   of `u32` words, each unit writing one word (1/32 of the bytes read, not counted): the
-//!   bandwidth this device reaches on these bytes, measured in the same run. `ratio_to_read` is
-//!   GEMV GB/s over read GB/s (1.0: the GEMV reads its weights as fast as a plain copy would).
+//!   of `u32` words, each unit writing one word (1/32 of the bytes read with 4-word vectors, not
+//!   counted): the bandwidth this device reaches on these bytes, measured in the same run.
+//!   `ratio_to_read` is GEMV GB/s over read GB/s (1.0: the GEMV reads its weights as fast as a
+//!   plain read would).
 //! - **Burn path**: the same GEMV through [`GgmlTensor::matmul_t`] (Burn's dispatch, fusion and
 //!   allocation included), and the **dense** path: Burn's f32 matmul of a dequantized weight of
 //!   the same shape ([`DenseWeight`], split by rows like the loader's), what a model runs when the

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 /// The llama.cpp figure for the same model on this machine class (CPU, 2 threads).
 const LLAMA_BENCH_MD: &str = "shared/fixtures/gemma/gemma3_270m_llama_bench.md";
 
-/// Prompt of a full run's end-to-end measurement (about 60 tokens).
+/// Prompt of a full run's end-to-end measurement (a paragraph).
 const LONG_PROMPT: &str = "The old lighthouse keeper climbed the spiral stairs every evening, \
     counting the one hundred and twelve steps as his father had taught him. At the top he wiped \
     the salt from the great lens, trimmed the wick, and watched the fishing boats come home \
