@@ -9,7 +9,7 @@ use gguf::GgmlType;
 
 /// Blocks for `rows` x `cols` of `ty`: codec-quantized random values where a quantizer exists,
 /// else random bytes, each block redrawn until it decodes to finite values (no NaN/Inf scales).
-fn input(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Result<Vec<u8>, String> {
+pub(crate) fn input(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Result<Vec<u8>, String> {
     if ggml_codec::supports_quantize(ty) {
         return ggml_codec::quantize(ty, &rand_f32(rows * cols, seed)).map_err(|e| e.to_string());
     }

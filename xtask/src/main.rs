@@ -51,8 +51,37 @@ enum Command {
         #[arg(long, value_parser = ["gemv", "dequantize", "big"])]
         op: Option<String>,
     },
+    /// Benchmark the packed path on the wgpu device: fused GEMV per ggml type and shape (1 and 8
+    /// activation rows) against the device's read bandwidth and the dense f32 path, 512-row
+    /// prefill, and end-to-end generation on Gemma 3 270M; prints a table.
+    ///
+    /// Times are seconds per call (mean after one warm-up call), bandwidths 10^9 bytes/s of
+    /// weights. See `xtask/src/bench.rs` for what each figure measures.
+    Bench {
+        /// Also write every figure to this JSON file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<std::path::PathBuf>,
+        /// Reduced set (all types on 4096x4096, the key types on the other shapes; prefill of
+        /// Q4_K on 4096x4096; 16 decode tokens) and shorter timings: minutes on lavapipe.
+        #[arg(long)]
+        quick: bool,
+        /// Only this ggml type (repeatable; e.g. --type Q4_K --type Q8_0).
+        #[arg(long = "type", value_name = "T")]
+        types: Vec<gguf::GgmlType>,
+        /// Skip the end-to-end generation.
+        #[arg(long)]
+        no_e2e: bool,
+        /// GGUF model for the end-to-end generation (default: Gemma 3 270M from the model cache;
+        /// skipped with a message when absent).
+        #[arg(long, value_name = "PATH")]
+        model: Option<std::path::PathBuf>,
+        /// Least seconds each measurement repeats for (default 0.25, or 0.05 with --quick).
+        #[arg(long, value_name = "SECONDS")]
+        min_time: Option<f64>,
+    },
 }
 
+mod bench;
 mod kernel_gen;
 mod kernel_test;
 
@@ -74,6 +103,21 @@ fn main() -> ExitCode {
                 0 => Ok(()),
                 n => Err(format!("{n} kernel variants failed")),
             }),
+        Command::Bench {
+            json,
+            quick,
+            types,
+            no_e2e,
+            model,
+            min_time,
+        } => bench::run(&bench::Options {
+            json,
+            quick,
+            types,
+            no_e2e,
+            model,
+            min_time,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -125,5 +169,28 @@ mod tests {
         ));
         assert!(Cli::try_parse_from(["xtask", "fetch-model"]).is_err());
         assert!(Cli::try_parse_from(["xtask", "fetch-model", "a", "--list"]).is_err());
+    }
+
+    #[test]
+    fn bench_arguments() {
+        let cli = Cli::try_parse_from([
+            "xtask", "bench", "--quick", "--type", "q4_k", "--type", "Q8_0", "--json", "b.json",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Bench {
+                quick,
+                types,
+                json,
+                no_e2e,
+                ..
+            } => {
+                assert!(quick && !no_e2e);
+                assert_eq!(types, [gguf::GgmlType::Q4_K, gguf::GgmlType::Q8_0]);
+                assert_eq!(json.as_deref(), Some(std::path::Path::new("b.json")));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(Cli::try_parse_from(["xtask", "bench", "--type", "Q9_9"]).is_err());
     }
 }

@@ -1,0 +1,757 @@
+//! `cargo xtask bench`: how fast the packed path runs on the default wgpu device, next to the
+//! device's own read bandwidth and the dense (dequantized f32) path, plus one end-to-end
+//! generation on Gemma 3 270M. A harness, not a test: it prints a table and, with `--json`,
+//! writes every figure to a file.
+//!
+//! What is measured (all times are wall-clock seconds per call, the mean over repeated calls
+//! after one warm-up call that compiles the kernel and runs any autotuning):
+//! - **GEMV** (`y = x W^T`, `x` of 1 or 8 activation rows) for each ggml type with a kernel and
+//!   each shape `rows x cols`: the fused dequantize + GEMV kernel launched directly with the
+//!   variant the library selects for this device ([`GemvConfig::for_client`], what the model
+//!   runs), split by rows into buffers the device takes (128 MiB on lavapipe). `gbps` is weight
+//!   bytes / seconds (10^9 bytes per second; activations and outputs are not counted).
+//! - **read**: a plain read kernel ([`read_words`]) over the same weight buffers, as wide vectors
+//!   of `u32` words, each unit writing one word (1/32 of the bytes read with 4-word vectors, not
+//!   counted): the bandwidth this device reaches on these bytes, measured in the same run.
+//!   `ratio_to_read` is GEMV GB/s over read GB/s (1.0: the GEMV reads its weights as fast as a
+//!   plain read would).
+//! - **Burn path**: the same GEMV through [`GgmlTensor::matmul_t`] (Burn's dispatch, fusion and
+//!   allocation included), and the **dense** path: Burn's f32 matmul of a dequantized weight of
+//!   the same shape ([`DenseWeight`], split by rows like the loader's), what a model runs when the
+//!   loader does not pack. The dense time does not depend on the source type, so it is measured
+//!   once per shape and batch (on random f32 values). `packed_over_dense` is Burn-path packed
+//!   time over dense time (below 1: packed is faster); `--quick` skips the Burn path and divides
+//!   the kernel's time instead (`packed_over_dense_from` says which).
+//! - **prefill**: 512 activation rows through [`GgmlTensor::matmul_t`] (which dequantizes bounded
+//!   chunks of rows and uses Burn's matmul) against the dense matmul; GFLOP/s = 2 * m * rows * cols
+//!   / seconds / 10^9.
+//! - **end to end** (Gemma 3 270M Q4_K_M from the model cache, or `--model`): load time, time to
+//!   first token (prefill of the prompt and the choice of the first token), prompt tokens/s and
+//!   greedy decode tokens/s, in a first (cold: kernels compile) and a second (warm) generation;
+//!   peak resident memory of the process (`VmHWM`), measured right after it, before the kernel
+//!   benchmarks allocate. It runs first for that reason.
+//! - **caches**: whether CubeCL's environment database (autotune results; `target/environment`
+//!   under the outermost `Cargo.toml` above the working directory, else the user cache) and the
+//!   driver's shader caches (Mesa, NVIDIA) existed when the run started: cold caches make the
+//!   warm-up calls and the first generation slower.
+//!
+//! `--quick` runs every type on the first shape at 1 and 8 rows but only the key types at 1 row
+//! on the others, prefill on the first shape, two timed calls after the warm-up where a call
+//! takes over 0.025 s, and a short generation.
+//!
+//! Weights are random valid blocks (a small set repeated: the values do not matter for timing,
+//! only that they decode to finite numbers).
+mod e2e;
+mod system;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::tensor::{Device, FloatDType, Tensor, TensorData};
+use burn_gguf::{DenseWeight, GgmlTensor, Weight};
+use cubecl::client::Client;
+use cubecl::prelude::*;
+use ggml_kernels::check::rand_f32;
+use ggml_kernels::{GemvConfig, MAX_GEMV_ROWS, cube_count_for, words_for_bytes};
+use gguf::GgmlType;
+use serde_json::{Value, json};
+use system::{adapters, cache_state, print_caches, utc_now};
+
+/// The GEMV shapes `[rows, cols]`: a 4096-wide projection, the FFN up/gate and down of an
+/// 8B-class model, and Gemma 3's 262,144 x 640 token embedding (its tied output head).
+pub const SHAPES: [[usize; 2]; 4] = [[4096, 4096], [14336, 4096], [4096, 14336], [262_144, 640]];
+
+/// The types of llama.cpp's common mixes (Q4_K_M: Q4_K, Q6_K, Q5_0, Q8_0) and F16: the only ones
+/// benchmarked beyond the first shape with `--quick`, and the prefill types of a full run.
+pub const KEY_TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::F16,
+];
+
+/// Activation rows of the prefill measurement.
+pub const PREFILL_ROWS: usize = 512;
+
+/// Units per cube of the read kernel.
+const READ_CUBE_DIM: u32 = 256;
+/// Vectors each unit of the read kernel loads (unrolled, so they are all in flight at once).
+const READ_UNROLL: u32 = 8;
+
+/// Options of one run (the command line of `cargo xtask bench`).
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Write the results as JSON to this file.
+    pub json: Option<PathBuf>,
+    /// Reduced set and shorter timings (under 5 minutes on lavapipe).
+    pub quick: bool,
+    /// Only these types (all with a kernel when empty).
+    pub types: Vec<GgmlType>,
+    /// Skip the end-to-end generation.
+    pub no_e2e: bool,
+    /// Model for the end-to-end generation (Gemma 3 270M from the model cache when absent).
+    pub model: Option<PathBuf>,
+    /// Least time each measurement repeats for, in seconds (0.25, or 0.05 with `--quick`).
+    pub min_time: Option<f64>,
+}
+
+/// Timing settings of a run.
+#[derive(Clone, Copy, Debug)]
+struct Budget {
+    /// Least seconds a measurement repeats for (after the warm-up call).
+    min_s: f64,
+    /// Least calls a measurement makes (after the warm-up call).
+    min_iters: usize,
+}
+
+/// Mean seconds per call of one measurement.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    seconds: f64,
+    iterations: usize,
+}
+
+/// Calls `call` once (warm-up: compilation, autotuning), waits with `sync`, then repeats it in
+/// batches, each followed by `sync`, until `budget` is spent; returns the mean seconds per call
+/// over the repeats.
+fn measure(
+    budget: Budget,
+    mut call: impl FnMut() -> Result<(), String>,
+    sync: impl Fn() -> Result<(), String>,
+) -> Result<Timing, String> {
+    call()?;
+    sync()?;
+    let start = Instant::now();
+    let (mut n, mut batch) = (0usize, 1usize);
+    loop {
+        for _ in 0..batch {
+            call()?;
+        }
+        sync()?;
+        n += batch;
+        let elapsed = start.elapsed().as_secs_f64();
+        if elapsed >= budget.min_s && n >= budget.min_iters {
+            return Ok(Timing {
+                seconds: elapsed / n as f64,
+                iterations: n,
+            });
+        }
+        // Aim at the budget from the mean so far; grow at most 4x per batch, and sync at least
+        // every 1024 calls so the queue stays short.
+        let per_call = (elapsed / n as f64).max(1e-9);
+        let total = ((budget.min_s * 1.02 / per_call).ceil() as usize).max(budget.min_iters);
+        batch = total.saturating_sub(n).clamp(1, (4 * n).min(1024));
+    }
+}
+
+/// Each unit XORs `READ_UNROLL` vectors of `w` (cube `c` reads the `CUBE_DIM * unroll` vectors
+/// from `c * CUBE_DIM * unroll`, unit-interleaved so neighbouring units read neighbouring
+/// vectors) and writes the XOR of the lanes to `out[unit]`, so no load can be optimised away.
+#[cube(launch_unchecked)]
+fn read_words<N: Size>(w: &[Vector<u32, N>], out: &mut [u32], len: u32, #[comptime] unroll: u32) {
+    let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
+    let base = cube * CUBE_DIM_X * unroll + UNIT_POS_X;
+    let mut acc = Vector::<u32, N>::new(0u32);
+    #[unroll]
+    for k in 0..unroll {
+        let i = base + k * CUBE_DIM_X;
+        if i < len {
+            acc ^= w[i as usize];
+        }
+    }
+    let mut s = 0u32;
+    #[unroll]
+    for j in 0..N::value() {
+        s ^= acc.extract(j);
+    }
+    out[(cube * CUBE_DIM_X + UNIT_POS_X) as usize] = s;
+}
+
+/// One row range of a weight in its own device buffer.
+struct RawPart {
+    handle: cubecl::server::Handle,
+    /// `u32` words in the buffer.
+    words: usize,
+    rows: usize,
+}
+
+/// A weight uploaded as raw words, split by rows like [`GgmlTensor`] does.
+struct RawWeight {
+    parts: Vec<RawPart>,
+    grid: (cubecl::server::Handle, usize),
+}
+
+impl RawWeight {
+    fn upload(
+        client: &Client,
+        ty: GgmlType,
+        bytes: &[u8],
+        [rows, cols]: [usize; 2],
+        max_buffer: u64,
+    ) -> Result<Self, String> {
+        let per_part =
+            GgmlTensor::rows_per_buffer(ty, [rows, cols], max_buffer).map_err(|e| e.to_string())?;
+        let row_bytes = bytes.len() / rows;
+        let parts = (0..rows)
+            .step_by(per_part)
+            .map(|start| {
+                let n = per_part.min(rows - start);
+                let words = words_for_bytes(&bytes[start * row_bytes..(start + n) * row_bytes]);
+                RawPart {
+                    handle: client.create_from_slice(u32::as_bytes(&words)),
+                    words: words.len(),
+                    rows: n,
+                }
+            })
+            .collect();
+        let grid = ggml_kernels::grid_words(ty).ok_or(format!("no kernel for {ty}"))?;
+        Ok(Self {
+            parts,
+            grid: (client.create_from_slice(u32::as_bytes(&grid)), grid.len()),
+        })
+    }
+}
+
+/// What the read kernel reached on a weight's buffers.
+struct ReadResult {
+    gbps: f64,
+    vector_size: usize,
+    timing: Timing,
+}
+
+/// The read bandwidth over `w`'s buffers (`bytes` bytes of weights), the best of the vector
+/// widths the device is fast at and single words.
+fn read_bandwidth(
+    client: &Client,
+    w: &RawWeight,
+    bytes: usize,
+    budget: Budget,
+) -> Result<ReadResult, String> {
+    let mut sizes: Vec<usize> = client.io_optimized_vector_sizes(4).collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    sizes.dedup();
+    sizes.retain(|s| [1, 4].contains(s));
+    if sizes.is_empty() {
+        sizes.push(1);
+    }
+    let mut best: Option<ReadResult> = None;
+    for vs in sizes {
+        // Per part: (weights, vectors, out buffer, its length, cube count).
+        let launches: Vec<_> = w
+            .parts
+            .iter()
+            .map(|p| {
+                let vectors = p.words / vs;
+                let cubes = (vectors as u32).div_ceil(READ_CUBE_DIM * READ_UNROLL);
+                let count = cube_count_for(cubes);
+                let launched = match count {
+                    CubeCount::Static(x, y, z) => (x * y * z) as usize,
+                    _ => cubes as usize,
+                };
+                let out_len = launched * READ_CUBE_DIM as usize;
+                let out = client.empty(out_len * size_of::<u32>());
+                (p.handle.clone(), vectors, out, out_len, count)
+            })
+            .collect();
+        let timing = measure(
+            budget,
+            || {
+                for (h, vectors, out, out_len, count) in &launches {
+                    // SAFETY: every index the kernel reads is below `vectors` (checked in the
+                    // kernel), which fits the buffer (`words / vs` whole vectors); it writes one
+                    // word per launched unit, `out_len` of them.
+                    unsafe {
+                        read_words::launch_unchecked(
+                            client,
+                            count.clone(),
+                            CubeDim::new_1d(READ_CUBE_DIM),
+                            vs,
+                            BufferArg::from_raw_parts(h.clone(), *vectors),
+                            BufferArg::from_raw_parts(out.clone(), *out_len),
+                            *vectors as u32,
+                            READ_UNROLL,
+                        )
+                    };
+                }
+                Ok(())
+            },
+            || sync_client(client),
+        )?;
+        let gbps = bytes as f64 / timing.seconds / 1e9;
+        if best.as_ref().is_none_or(|b| gbps > b.gbps) {
+            best = Some(ReadResult {
+                gbps,
+                vector_size: vs,
+                timing,
+            });
+        }
+    }
+    best.ok_or_else(|| "no read measurement".to_string())
+}
+
+fn sync_client(client: &Client) -> Result<(), String> {
+    cubecl::future::block_on(client.sync()).map_err(|e| format!("device sync: {e:?}"))
+}
+
+fn sync_device(device: &Device) -> Result<(), String> {
+    device.sync().map_err(|e| format!("device sync: {e:?}"))
+}
+
+/// Times the fused GEMV kernel on `w` for `m` activation rows with `config`.
+#[allow(clippy::too_many_arguments)]
+fn time_gemv(
+    client: &Client,
+    ty: GgmlType,
+    w: &RawWeight,
+    cols: usize,
+    m: usize,
+    config: GemvConfig,
+    budget: Budget,
+) -> Result<Timing, String> {
+    let x = rand_f32(m * cols, m as u64);
+    let xh = client.create_from_slice(f32::as_bytes(&x));
+    let ys: Vec<_> = w
+        .parts
+        .iter()
+        .map(|p| client.empty(m * p.rows * size_of::<f32>()))
+        .collect();
+    measure(
+        budget,
+        || {
+            for (p, y) in w.parts.iter().zip(&ys) {
+                // SAFETY: each length is that of the buffer it describes (launch_gemv checks them
+                // against the shapes).
+                let (wa, ga, xa, ya) = unsafe {
+                    (
+                        BufferArg::from_raw_parts(p.handle.clone(), p.words),
+                        BufferArg::from_raw_parts(w.grid.0.clone(), w.grid.1),
+                        BufferArg::from_raw_parts(xh.clone(), x.len()),
+                        BufferArg::from_raw_parts(y.clone(), m * p.rows),
+                    )
+                };
+                ggml_kernels::launch_gemv(client, ty, wa, ga, xa, ya, p.rows, cols, config)
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        },
+        || sync_client(client),
+    )
+}
+
+/// Times `f(x)` through Burn for a random `x` of `[m, cols]`.
+fn time_burn(
+    device: &Device,
+    m: usize,
+    cols: usize,
+    budget: Budget,
+    f: impl Fn(Tensor<2>) -> Tensor<2>,
+) -> Result<Timing, String> {
+    let x = Tensor::<2>::from_data(
+        TensorData::new(rand_f32(m * cols, 17 + m as u64), [m, cols]),
+        device,
+    );
+    measure(
+        budget,
+        || {
+            drop(f(x.clone()));
+            Ok(())
+        },
+        || sync_device(device),
+    )
+}
+
+/// Random valid blocks of `ty` for a `[rows, cols]` tensor: 8,192 elements' worth of blocks from
+/// the kernel tests' generator, repeated.
+fn weight_bytes(ty: GgmlType, [rows, cols]: [usize; 2]) -> Result<Vec<u8>, String> {
+    let pattern = crate::kernel_test::input(ty, 1, 8192, ty.id() as u64 + 1)?;
+    let total = ty
+        .row_bytes(cols as u64)
+        .map_err(|e| e.to_string())?
+        .checked_mul(rows as u64)
+        .ok_or("weight too large")? as usize;
+    let mut out = Vec::with_capacity(total + pattern.len());
+    while out.len() < total {
+        out.extend_from_slice(&pattern);
+    }
+    out.truncate(total);
+    Ok(out)
+}
+
+/// Whether the kernels take rows of `cols` elements of `ty`.
+fn fits(ty: GgmlType, cols: usize) -> bool {
+    ggml_kernels::kernel_block_elems(ty).is_some_and(|be| cols.is_multiple_of(be))
+        && cols.is_multiple_of(ty.block_size())
+}
+
+fn variant_name(c: GemvConfig) -> String {
+    format!(
+        "lanes={} rows/cube={} plane={}",
+        c.lanes, c.rows_per_cube, c.plane
+    )
+}
+
+/// What every measurement of a run shares.
+struct Bench {
+    device: Device,
+    client: Client,
+    /// Largest buffer the device takes, in bytes.
+    max_buffer: u64,
+    /// The GEMV variant the library selects for the device.
+    config: GemvConfig,
+    budget: Budget,
+    /// Also time the GEMV through Burn ([`GgmlTensor::matmul_t`]).
+    burn_path: bool,
+}
+
+impl Bench {
+    /// The dense path on `shape`: seconds per call for each of `batches`, and for
+    /// [`PREFILL_ROWS`] when `prefill`.
+    fn dense(
+        &self,
+        shape: [usize; 2],
+        batches: &[usize],
+        prefill: bool,
+    ) -> Result<(Vec<Timing>, Option<Timing>), String> {
+        let [rows, cols] = shape;
+        let values = rand_f32(rows * cols, 99);
+        let dense = DenseWeight::from_values(
+            values,
+            shape,
+            &self.device,
+            self.max_buffer,
+            FloatDType::F32,
+        )
+        .map_err(|e| e.to_string())?;
+        let dense = Weight::Dense(dense);
+        let matmul = |x| dense.matmul_t(x);
+        let times = batches
+            .iter()
+            .map(|&m| time_burn(&self.device, m, cols, self.budget, matmul))
+            .collect::<Result<Vec<_>, _>>()?;
+        let prefill = match prefill {
+            true => Some(time_burn(
+                &self.device,
+                PREFILL_ROWS,
+                cols,
+                self.budget,
+                matmul,
+            )?),
+            false => None,
+        };
+        Ok((times, prefill))
+    }
+
+    /// The packed measurements of `ty` on `shape`: one GEMV row per batch, and the prefill row
+    /// when `dense_prefill` (the dense time to compare with) is given; each is printed, then
+    /// handed to `emit` as JSON with `true` for the prefill row.
+    fn packed(
+        &self,
+        ty: GgmlType,
+        shape: [usize; 2],
+        batches: &[usize],
+        dense: &[Timing],
+        dense_prefill: Option<Timing>,
+        emit: &mut dyn FnMut(Value, bool) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let [rows, cols] = shape;
+        let name = format!("{rows}x{cols}");
+        let bytes = weight_bytes(ty, shape)?;
+        let n_bytes = bytes.len();
+        let raw = RawWeight::upload(&self.client, ty, &bytes, shape, self.max_buffer)?;
+        let read = read_bandwidth(&self.client, &raw, n_bytes, self.budget)?;
+        let tensor =
+            GgmlTensor::from_bytes(&bytes, ty, shape, &self.device).map_err(|e| e.to_string())?;
+        drop(bytes);
+        for (&m, d) in batches.iter().zip(dense) {
+            let k = time_gemv(&self.client, ty, &raw, cols, m, self.config, self.budget)?;
+            let b = match self.burn_path {
+                true => Some(time_burn(&self.device, m, cols, self.budget, |x| {
+                    tensor.matmul_t(x)
+                })?),
+                false => None,
+            };
+            let packed = b.unwrap_or(k).seconds;
+            let gbps = n_bytes as f64 / k.seconds / 1e9;
+            let ratio = gbps / read.gbps;
+            println!(
+                "{:<8} {name:>12} {m:>2} {:>10.3} {gbps:>8.2} {:>9.2} {ratio:>6.2} {:>10} {:>10.3} {:>8.2}",
+                ty.to_string(),
+                k.seconds * 1e3,
+                read.gbps,
+                b.map_or("-".to_string(), |b| format!("{:.3}", b.seconds * 1e3)),
+                d.seconds * 1e3,
+                packed / d.seconds
+            );
+            emit(
+                json!({
+                "type": ty.to_string(),
+                "rows": rows,
+                "cols": cols,
+                "batch": m,
+                "variant": variant_name(self.config),
+                "weight_bytes": n_bytes,
+                "parts": raw.parts.len(),
+                "seconds": k.seconds,
+                "iterations": k.iterations,
+                "gbps": gbps,
+                "read_gbps": read.gbps,
+                "read_seconds": read.timing.seconds,
+                "read_vector_size": read.vector_size,
+                "ratio_to_read": ratio,
+                "burn_seconds": b.map(|b| b.seconds),
+                "dense_seconds": d.seconds,
+                "dense_gbps": (rows * cols * 4) as f64 / d.seconds / 1e9,
+                "packed_over_dense": packed / d.seconds,
+                "packed_over_dense_from": if b.is_some() { "burn" } else { "kernel" },
+                }),
+                false,
+            )?;
+        }
+        let Some(dp) = dense_prefill else {
+            return Ok(());
+        };
+        let p = time_burn(&self.device, PREFILL_ROWS, cols, self.budget, |x| {
+            tensor.matmul_t(x)
+        })?;
+        let flop = 2.0 * (PREFILL_ROWS * rows * cols) as f64;
+        println!(
+            "{:<8} {name:>12} {PREFILL_ROWS:>3} prefill: packed {:.1} ms ({:.1} GFLOP/s), dense {:.1} ms ({:.1} GFLOP/s), packed/dense {:.2}",
+            ty.to_string(),
+            p.seconds * 1e3,
+            flop / p.seconds / 1e9,
+            dp.seconds * 1e3,
+            flop / dp.seconds / 1e9,
+            p.seconds / dp.seconds
+        );
+        emit(
+            json!({
+            "type": ty.to_string(),
+            "rows": rows,
+            "cols": cols,
+            "batch": PREFILL_ROWS,
+            "seconds": p.seconds,
+            "iterations": p.iterations,
+            "gflops": flop / p.seconds / 1e9,
+            "dense_seconds": dp.seconds,
+            "dense_gflops": flop / dp.seconds / 1e9,
+            "packed_over_dense": p.seconds / dp.seconds,
+            }),
+            true,
+        )
+    }
+}
+
+/// Runs the benchmark and prints the table; writes the JSON file when asked.
+///
+/// # Errors
+/// A device that is not a CubeCL one, a failed launch or read-back, an unwritable JSON file.
+pub fn run(opts: &Options) -> Result<(), String> {
+    let t_start = Instant::now();
+    let started = utc_now();
+    let budget = Budget {
+        min_s: opts
+            .min_time
+            .unwrap_or(if opts.quick { 0.05 } else { 0.25 }),
+        min_iters: if opts.quick { 2 } else { 3 },
+    };
+    if !(budget.min_s.is_finite() && budget.min_s >= 0.0) {
+        return Err(format!("--min-time {} is not a duration", budget.min_s));
+    }
+    if let Some(t) = opts.types.iter().find(|t| !ggml_kernels::supports(**t)) {
+        return Err(format!("no kernel for {t}"));
+    }
+    let caches = cache_state();
+    let (adapters, backend) = adapters();
+    let device = burn_gguf::default_device();
+    let client =
+        burn_gguf::cube_client(&device).ok_or("the default device is not a CubeCL device")?;
+    let max_buffer = burn_gguf::max_buffer_bytes(&device).unwrap_or(u64::MAX);
+    let config = GemvConfig::for_client(&client);
+    let props = client.properties();
+    let device_json = json!({
+        "name": props.identity.name,
+        "runtime": client.name(),
+        "backend": backend,
+        "fingerprint": props.identity.fingerprint,
+        "plane_size_min": props.hardware.plane_size_min,
+        "plane_size_max": props.hardware.plane_size_max,
+        "max_buffer_bytes": max_buffer,
+        "gemv_variant": variant_name(config),
+        "adapters": adapters,
+    });
+    println!(
+        "device: {} ({}, {}), buffers up to {} MiB, GEMV variant {}",
+        props.identity.name,
+        client.name(),
+        backend.as_deref().unwrap_or("no adapter found"),
+        max_buffer >> 20,
+        variant_name(config)
+    );
+    for a in adapters.as_array().into_iter().flatten() {
+        println!("  adapter: {a}");
+    }
+    print_caches(&caches);
+    println!(
+        "timing: one warm-up call, then repeats for at least {} s and {} calls; mean per call\n",
+        budget.min_s, budget.min_iters
+    );
+
+    let end_to_end = if opts.no_e2e {
+        println!("end to end: skipped (--no-e2e)\n");
+        json!({"skipped": "--no-e2e"})
+    } else {
+        e2e::end_to_end(opts)
+    };
+
+    let selected: Vec<GgmlType> = GgmlType::all()
+        .iter()
+        .copied()
+        .filter(|t| ggml_kernels::supports(*t))
+        .filter(|t| opts.types.is_empty() || opts.types.contains(t))
+        .collect();
+    let explicit = !opts.types.is_empty();
+    let prefill_types: Vec<GgmlType> = if explicit {
+        selected.clone()
+    } else if opts.quick {
+        vec![GgmlType::Q4_K]
+    } else {
+        KEY_TYPES.to_vec()
+    };
+    let save = |gemv: &[Value], prefill: &[Value], complete: bool| -> Result<(), String> {
+        let Some(path) = &opts.json else {
+            return Ok(());
+        };
+        let doc = json!({
+            "tool": "cargo xtask bench",
+            "date": started,
+            "written": utc_now(),
+            "complete": complete,
+            "quick": opts.quick,
+            "min_seconds": budget.min_s,
+            "min_iterations": budget.min_iters,
+            "device": device_json,
+            "caches": caches,
+            "gemv": gemv,
+            "prefill": prefill,
+            "end_to_end": end_to_end,
+            "total_seconds": t_start.elapsed().as_secs_f64(),
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        // Through a temporary file, so a run stopped while writing leaves the previous version.
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, text + "\n")
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| format!("{}: {e}", path.display()))
+    };
+    // Written after every measurement too, so a run cut short leaves what it measured.
+    save(&[], &[], false)?;
+
+    let bench = Bench {
+        device,
+        client,
+        max_buffer,
+        config,
+        budget,
+        burn_path: !opts.quick,
+    };
+    let mut gemv_rows: Vec<Value> = Vec::new();
+    let mut prefill_rows: Vec<Value> = Vec::new();
+    println!(
+        "{:<8} {:>12} {:>2} {:>10} {:>8} {:>9} {:>6} {:>10} {:>10} {:>8}",
+        "type",
+        "shape",
+        "m",
+        "kernel ms",
+        "GB/s",
+        "read GB/s",
+        "ratio",
+        "burn ms",
+        "dense ms",
+        "pk/dense"
+    );
+    for (si, &shape) in SHAPES.iter().enumerate() {
+        let [rows, cols] = shape;
+        // --quick: beyond the first shape only the key types (or the chosen ones), at m = 1.
+        let reduced = opts.quick && si > 0;
+        let types: Vec<GgmlType> = selected
+            .iter()
+            .copied()
+            .filter(|t| !reduced || explicit || KEY_TYPES.contains(t))
+            .collect();
+        let batches: &[usize] = if reduced { &[1] } else { &[1, MAX_GEMV_ROWS] };
+        let (fitting, skipped): (Vec<GgmlType>, Vec<GgmlType>) =
+            types.iter().partition(|t| fits(**t, cols));
+        if !skipped.is_empty() {
+            let names: Vec<String> = skipped.iter().map(|t| t.to_string()).collect();
+            println!(
+                "{rows}x{cols}: skipped {} (rows of {cols} are not whole blocks)",
+                names.join(", ")
+            );
+        }
+        if fitting.is_empty() {
+            continue;
+        }
+        let prefill_here = !reduced && fitting.iter().any(|t| prefill_types.contains(t));
+
+        let (dense, dense_prefill) = bench.dense(shape, batches, prefill_here)?;
+        for ty in fitting {
+            let prefill = dense_prefill.filter(|_| prefill_types.contains(&ty));
+            bench.packed(
+                ty,
+                shape,
+                batches,
+                &dense,
+                prefill,
+                &mut |row, is_prefill| {
+                    match is_prefill {
+                        true => prefill_rows.push(row),
+                        false => gemv_rows.push(row),
+                    }
+                    save(&gemv_rows, &prefill_rows, false)
+                },
+            )?;
+        }
+    }
+
+    println!("\ntotal {:.1} s", t_start.elapsed().as_secs_f64());
+    save(&gemv_rows, &prefill_rows, true)?;
+    if let Some(path) = &opts.json {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measure_meets_the_budget() {
+        let budget = Budget {
+            min_s: 0.01,
+            min_iters: 3,
+        };
+        let mut calls = 0;
+        let t = measure(
+            budget,
+            || {
+                calls += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                Ok(())
+            },
+            || Ok(()),
+        )
+        .unwrap();
+        assert!(t.iterations >= 3);
+        assert_eq!(calls, t.iterations + 1);
+        assert!(t.seconds >= 0.001);
+    }
+
+    #[test]
+    fn shapes_and_types() {
+        assert!(fits(GgmlType::Q8_0, 640));
+        assert!(!fits(GgmlType::Q4_K, 640));
+        assert!(KEY_TYPES.iter().all(|t| ggml_kernels::supports(*t)));
+    }
+}
