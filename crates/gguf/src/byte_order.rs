@@ -94,7 +94,10 @@ mod tests {
     fn q6_k_swaps_only_its_trailing_d() {
         let mut block: Vec<u8> = (0..210).map(|i| i as u8).collect();
         swap_tensor_data(GgmlType::Q6_K, &mut block).unwrap();
-        assert_eq!(&block[..208], &(0..208).map(|i| i as u8).collect::<Vec<_>>()[..]);
+        assert_eq!(
+            &block[..208],
+            &(0..208).map(|i| i as u8).collect::<Vec<_>>()[..]
+        );
         assert_eq!(&block[208..], &[209, 208]);
         assert!(swap_tensor_data(GgmlType::Q6_K, &mut block[..209]).is_err());
         assert!(swap_tensor_data(GgmlType::IQ2_XXS, &mut [0u8; 66]).is_err());

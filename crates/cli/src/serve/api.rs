@@ -1,0 +1,394 @@
+//! OpenAI API request bodies, their validation, and error responses.
+//!
+//! Requests are parsed leniently (unknown fields are ignored, as OpenAI clients send many) but
+//! every value the server uses is checked, and each failure is a 4xx with an OpenAI-style body:
+//! `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+/// An error answered as OpenAI does.
+#[derive(Debug)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// What is wrong, for a person.
+    pub message: String,
+    /// The request field at fault, if one.
+    pub param: Option<&'static str>,
+    /// A machine-readable code (`model_not_found`, `context_length_exceeded`, ...).
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// A 400 `invalid_request_error`.
+    pub fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param,
+            code: None,
+        }
+    }
+
+    /// With a machine-readable code.
+    pub fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// With another status.
+    pub fn status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status.as_u16() {
+            401 => "authentication_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            500..=599 => "server_error",
+            _ => "invalid_request_error",
+        };
+        let body = serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// Message content: a string, or an array of parts of which the `text` ones are joined.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Content parts (`{"type": "text", "text": ...}`; other types are refused).
+    Parts(Vec<Part>),
+}
+
+/// One content part.
+#[derive(Debug, Deserialize)]
+pub struct Part {
+    /// Part type; only `text` is supported.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// One chat message.
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `developer` (read as `system`), `user` or `assistant`.
+    pub role: String,
+    /// The content (may be absent on an assistant message).
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Up to 4 stop strings.
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` (and no choices).
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Reasoning (thinking) for templates that support it: `on`, `off`, or `auto` (the template's
+/// default). Rendered as the template variable `enable_thinking`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Reasoning {
+    /// `enable_thinking = true`.
+    On,
+    /// `enable_thinking = false`.
+    Off,
+    /// The template's default.
+    Auto,
+}
+
+/// Sampling and length fields shared by both endpoints.
+#[derive(Debug, Deserialize)]
+pub struct Generation {
+    /// Most new tokens (`max_completion_tokens` is the newer name).
+    pub max_tokens: Option<u64>,
+    /// Newer name of `max_tokens`.
+    pub max_completion_tokens: Option<u64>,
+    /// 0 to 2; 0 is greedy. Default 1.
+    pub temperature: Option<f32>,
+    /// (0, 1]. Default 1.
+    pub top_p: Option<f32>,
+    /// llama.cpp extension: keep the k most likely tokens (0 keeps all).
+    pub top_k: Option<usize>,
+    /// Seed of the sampler (default: random).
+    pub seed: Option<u64>,
+    /// Stop strings.
+    pub stop: Option<Stop>,
+    /// Stream server-sent events.
+    #[serde(default)]
+    pub stream: bool,
+    /// Options of the stream.
+    pub stream_options: Option<StreamOptions>,
+    /// Number of choices; only 1 is supported.
+    pub n: Option<u32>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    /// Model id (see `/v1/models`).
+    pub model: String,
+    /// The conversation.
+    pub messages: Vec<ChatMessage>,
+    /// Per-request reasoning override.
+    pub reasoning: Option<Reasoning>,
+    /// Extra template variables (vLLM / llama-server convention), e.g. `{"enable_thinking": false}`.
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Sampling and length.
+    #[serde(flatten)]
+    pub generation: Generation,
+}
+
+/// `prompt` of a completion: one string (or a list holding one).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// The prompt.
+    One(String),
+    /// A list of prompts; only one is supported.
+    Many(Vec<String>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    /// Model id.
+    pub model: String,
+    /// The prompt.
+    pub prompt: Prompt,
+    /// Sampling and length.
+    #[serde(flatten)]
+    pub generation: Generation,
+}
+
+/// Longest stop string accepted, in bytes.
+const MAX_STOP_BYTES: usize = 256;
+/// Most stop strings (OpenAI's limit).
+const MAX_STOPS: usize = 4;
+
+/// Checked sampling and length parameters.
+#[derive(Debug)]
+pub struct Checked {
+    /// The sampler.
+    pub sampler: burn_gguf_models::SamplerConfig,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// `max_tokens` as asked (None: up to the context).
+    pub max_tokens: Option<u64>,
+}
+
+/// Checks the fields of `g` (not the length against the prompt: see [`max_tokens_for`]).
+///
+/// # Errors
+/// A 400 naming the field for an out-of-range value or `n` other than 1.
+pub fn check_generation(g: &Generation) -> Result<Checked, ApiError> {
+    if g.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request("only n = 1 is supported", Some("n")));
+    }
+    let temperature = g.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::bad_request(
+            format!("temperature must be between 0 and 2, got {temperature}"),
+            Some("temperature"),
+        ));
+    }
+    let top_p = g.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad_request(
+            format!("top_p must be in (0, 1], got {top_p}"),
+            Some("top_p"),
+        ));
+    }
+    let stop = match &g.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if stop.len() > MAX_STOPS || stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad_request(
+            format!("at most {MAX_STOPS} stop strings of at most {MAX_STOP_BYTES} bytes"),
+            Some("stop"),
+        ));
+    }
+    let max_tokens = g.max_completion_tokens.or(g.max_tokens);
+    if max_tokens == Some(0) {
+        return Err(ApiError::bad_request(
+            "max_tokens must be at least 1",
+            Some("max_tokens"),
+        ));
+    }
+    let seed = g.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    });
+    Ok(Checked {
+        sampler: burn_gguf_models::SamplerConfig {
+            temperature,
+            top_k: g.top_k.unwrap_or(0),
+            top_p,
+            seed,
+        },
+        stop,
+        max_tokens,
+    })
+}
+
+/// `max_tokens` for a prompt of `prompt_len` tokens in a context of `n_ctx`: as asked if it
+/// fits, else all that is left when not asked.
+///
+/// # Errors
+/// A 400 `context_length_exceeded` when the prompt leaves no room, or the prompt plus the
+/// asked `max_tokens` exceeds the context.
+pub fn max_tokens_for(
+    asked: Option<u64>,
+    prompt_len: usize,
+    n_ctx: usize,
+) -> Result<usize, ApiError> {
+    if prompt_len >= n_ctx {
+        return Err(ApiError::bad_request(
+            format!(
+                "the prompt is {prompt_len} tokens, but this model's context is {n_ctx} tokens"
+            ),
+            Some("messages"),
+        )
+        .code("context_length_exceeded"));
+    }
+    let room = n_ctx - prompt_len;
+    match asked {
+        None => Ok(room),
+        Some(n) if n as u128 <= room as u128 => Ok(n as usize),
+        Some(n) => Err(ApiError::bad_request(
+            format!(
+                "this model's context is {n_ctx} tokens; the prompt is {prompt_len} tokens and \
+                 max_tokens asks for {n} more"
+            ),
+            Some("max_tokens"),
+        )
+        .code("context_length_exceeded")),
+    }
+}
+
+/// The conversation as template messages, checked: at least one message; roles `system`
+/// (or `developer`) first only, then `user` and `assistant`; the last message from the user;
+/// text content only.
+///
+/// # Errors
+/// A 400 naming `messages` and the index at fault.
+pub fn check_messages(
+    messages: &[ChatMessage],
+) -> Result<Vec<burn_gguf_models::Message>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(m, Some("messages"));
+    if messages.is_empty() {
+        return Err(bad("messages must not be empty".into()));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" if i == 0 => "system",
+            "system" | "developer" => {
+                return Err(bad(format!(
+                    "messages[{i}]: a system message may only come first"
+                )));
+            }
+            "user" => "user",
+            "assistant" => "assistant",
+            other => {
+                return Err(bad(format!(
+                    "messages[{i}]: role '{other}' is not supported (system, user, assistant)"
+                )));
+            }
+        };
+        let content = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut s = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => s.push_str(t),
+                        (kind, _) => {
+                            return Err(bad(format!(
+                                "messages[{i}]: content part type '{kind}' is not supported (text only)"
+                            )));
+                        }
+                    }
+                }
+                s
+            }
+        };
+        if role == "user" && content.is_empty() {
+            return Err(bad(format!("messages[{i}]: user content is empty")));
+        }
+        out.push(burn_gguf_models::Message::new(role, content));
+    }
+    match messages.last().map(|m| m.role.as_str()) {
+        Some("user") => Ok(out),
+        _ => Err(bad("the last message must be from the user".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(role: &str, content: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: Some(Content::Text(content.into())),
+        }
+    }
+
+    #[test]
+    fn message_order_and_roles() {
+        assert!(check_messages(&[]).is_err());
+        assert!(check_messages(&[msg("user", "hi")]).is_ok());
+        assert!(check_messages(&[msg("system", "s"), msg("user", "hi")]).is_ok());
+        assert!(check_messages(&[msg("user", "hi"), msg("system", "s")]).is_err());
+        assert!(check_messages(&[msg("user", "hi"), msg("assistant", "a")]).is_err());
+        assert!(check_messages(&[msg("tool", "x"), msg("user", "hi")]).is_err());
+        assert!(check_messages(&[msg("user", "")]).is_err());
+    }
+
+    #[test]
+    fn max_tokens_against_the_context() {
+        assert_eq!(max_tokens_for(None, 10, 100).unwrap(), 90);
+        assert_eq!(max_tokens_for(Some(5), 10, 100).unwrap(), 5);
+        assert!(max_tokens_for(Some(91), 10, 100).is_err());
+        assert!(max_tokens_for(Some(u64::MAX), 10, 100).is_err());
+        assert!(max_tokens_for(None, 100, 100).is_err());
+    }
+}

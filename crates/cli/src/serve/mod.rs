@@ -1,0 +1,620 @@
+//! `burn-gguf serve`: an OpenAI-compatible HTTP server (axum on tokio).
+//!
+//! Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (both with
+//! `stream: true` as server-sent events ending in `data: [DONE]`), `GET /health`.
+//!
+//! Each model has one worker thread ([`engine`]) that owns its weights on the device and
+//! interleaves the running sequences, each with its own KV cache. At most `max_concurrent`
+//! sequences run (over all models); up to `max_queue` more wait, and past that a request gets
+//! 429. A client that disconnects frees its slot before the next token. Ctrl-C or SIGTERM stops
+//! accepting connections, lets running requests finish, and exits.
+
+pub mod api;
+pub mod engine;
+pub mod models;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use api::{ApiError, Reasoning};
+use engine::{Event, FinishReason, Job, ModelHandle};
+
+/// Options of `serve`.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Model names (see [`models::resolve`]); each may name several files.
+    pub models: Vec<String>,
+    /// Address to listen on.
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    pub port: u16,
+    /// Reasoning default for templates that support it.
+    pub reasoning: Reasoning,
+    /// Most sequences generating at once, over all models.
+    pub max_concurrent: usize,
+    /// Most requests waiting for a slot; more get 429.
+    pub max_queue: usize,
+    /// Context length cap per sequence (the model's own length if smaller).
+    pub ctx_size: usize,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Dequantize every weight at load.
+    pub dequantize: bool,
+}
+
+/// A served model.
+struct Served {
+    id: String,
+    handle: ModelHandle,
+}
+
+/// Shared state of the handlers.
+struct AppState {
+    models: Vec<Served>,
+    reasoning: Reasoning,
+    slots: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    max_queue: usize,
+    max_concurrent: usize,
+    created: u64,
+    next_id: AtomicU64,
+}
+
+type Shared = Arc<AppState>;
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Loads every model, binds, prints the address (`listening on http://HOST:PORT`), and serves
+/// until Ctrl-C or SIGTERM; then finishes running requests and returns.
+///
+/// # Errors
+/// A model that does not resolve or load, a duplicate model id, or an address that cannot be
+/// bound, as a message.
+pub fn serve(opts: &ServeOptions) -> Result<(), String> {
+    if opts.models.is_empty() {
+        return Err("serve needs at least one -m MODEL".into());
+    }
+    if opts.max_concurrent == 0 {
+        return Err("--max-concurrent must be at least 1".into());
+    }
+    let mut sources = Vec::new();
+    for spec in &opts.models {
+        sources.extend(models::resolve(spec)?);
+    }
+    let mut served: Vec<Served> = Vec::new();
+    for s in sources {
+        if served.iter().any(|m| m.id == s.id) {
+            return Err(format!("two models are named '{}'", s.id));
+        }
+        eprintln!("loading '{}' from {}", s.id, s.path.display());
+        let handle = engine::start(s.path.clone(), opts.dequantize, opts.ctx_size)?;
+        served.push(Served { id: s.id, handle });
+    }
+    let state = Arc::new(AppState {
+        models: served,
+        reasoning: opts.reasoning,
+        slots: Arc::new(Semaphore::new(opts.max_concurrent)),
+        waiting: AtomicUsize::new(0),
+        max_queue: opts.max_queue,
+        max_concurrent: opts.max_concurrent,
+        created: now_secs(),
+        next_id: AtomicU64::new(1),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("could not start the async runtime: {e}"))?;
+    let app = router(state.clone(), opts.max_body_bytes);
+    let addr = format!("{}:{}", opts.host, opts.port);
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let local: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
+        eprintln!("listening on http://{local}");
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .map_err(|e| format!("server error: {e}"))
+    })?;
+    eprintln!("shutting down: running requests finished");
+    // Dropping the last job senders ends each worker once its sequences are done. (A
+    // connection task that still holds the state is ended with the process.)
+    if let Ok(state) = Arc::try_unwrap(state) {
+        for m in state.models {
+            drop(m.handle.jobs);
+            let _ = m.handle.thread.join();
+        }
+    }
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("signal received: no new connections; finishing running requests");
+}
+
+fn router(state: Shared, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(list_models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .fallback(|| async {
+            ApiError::bad_request("no such endpoint", None).status(StatusCode::NOT_FOUND)
+        })
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+async fn health(State(s): State<Shared>) -> Response {
+    let running: usize = s
+        .models
+        .iter()
+        .map(|m| m.handle.running.load(Ordering::SeqCst))
+        .sum();
+    axum::Json(json!({
+        "status": "ok",
+        "models": s.models.iter().map(|m| m.id.clone()).collect::<Vec<_>>(),
+        "running": running,
+        "slots_in_use": s.max_concurrent - s.slots.available_permits(),
+        "waiting": s.waiting.load(Ordering::SeqCst),
+        "max_concurrent": s.max_concurrent,
+    }))
+    .into_response()
+}
+
+async fn list_models(State(s): State<Shared>) -> Response {
+    let data: Vec<Value> = s
+        .models
+        .iter()
+        .map(|m| {
+            json!({
+                "id": m.id,
+                "object": "model",
+                "created": s.created,
+                "owned_by": "burn-gguf",
+                "context_length": m.handle.n_ctx,
+            })
+        })
+        .collect();
+    axum::Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+/// Parses a JSON body; every failure (too large, not UTF-8, not JSON, wrong shape) is a 4xx.
+fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|r| ApiError::bad_request(r.body_text(), None).status(r.status()))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}"), None))
+}
+
+fn model<'a>(s: &'a AppState, id: &str) -> Result<&'a Served, ApiError> {
+    s.models.iter().find(|m| m.id == id).ok_or_else(|| {
+        ApiError::bad_request(
+            format!(
+                "model '{id}' does not exist; served: {}",
+                s.models
+                    .iter()
+                    .map(|m| m.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Some("model"),
+        )
+        .status(StatusCode::NOT_FOUND)
+        .code("model_not_found")
+    })
+}
+
+/// Decrements the waiting count when dropped (also when the client leaves while waiting).
+struct WaitGuard<'a>(&'a AtomicUsize);
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Takes a concurrency slot, waiting in the bounded queue.
+///
+/// # Errors
+/// 429 when the queue is full; 503 when the server is shutting down.
+async fn slot(s: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    if let Ok(p) = s.slots.clone().try_acquire_owned() {
+        return Ok(p);
+    }
+    if s.waiting.fetch_add(1, Ordering::SeqCst) >= s.max_queue {
+        s.waiting.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError::bad_request(
+            format!(
+                "server busy: {} requests running and {} waiting; retry later",
+                s.max_concurrent, s.max_queue
+            ),
+            None,
+        )
+        .status(StatusCode::TOO_MANY_REQUESTS));
+    }
+    let _guard = WaitGuard(&s.waiting);
+    s.slots.clone().acquire_owned().await.map_err(|_| {
+        ApiError::bad_request("server shutting down", None).status(StatusCode::SERVICE_UNAVAILABLE)
+    })
+}
+
+/// A validated request ready for the worker.
+struct Prepared<'a> {
+    served: &'a Served,
+    prompt_ids: Vec<u32>,
+    checked: api::Checked,
+    max_tokens: usize,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Queues `p` on its model's worker. Returns the event receiver.
+async fn submit(s: &AppState, p: &Prepared<'_>) -> Result<UnboundedReceiver<Event>, ApiError> {
+    let permit = slot(s).await?;
+    let (tx, rx) = unbounded_channel();
+    let job = Job {
+        prompt_ids: p.prompt_ids.clone(),
+        max_tokens: p.max_tokens,
+        sampler: p.checked.sampler.clone(),
+        stop: p.checked.stop.clone(),
+        events: tx,
+        permit,
+    };
+    p.served.handle.jobs.send(job).map_err(|_| {
+        ApiError::bad_request("the model's worker has stopped", None)
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+    })?;
+    Ok(rx)
+}
+
+/// Which endpoint a response is for.
+#[derive(Clone, Copy)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+async fn chat_completions(
+    State(s): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match chat_inner(&s, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn chat_inner(s: &Shared, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: api::ChatRequest = parse_body(body)?;
+    let served = model(s, &req.model)?;
+    let messages = api::check_messages(&req.messages)?;
+    let checked = api::check_generation(&req.generation)?;
+    // Precedence: the request's `reasoning`, then its `chat_template_kwargs`, then --reasoning.
+    let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
+    let reasoning = match req.reasoning {
+        Some(r) => r,
+        None if vars.contains_key("enable_thinking") => Reasoning::Auto,
+        None => s.reasoning,
+    };
+    match reasoning {
+        Reasoning::On => {
+            vars.insert("enable_thinking".into(), true.into());
+        }
+        Reasoning::Off => {
+            vars.insert("enable_thinking".into(), false.into());
+        }
+        Reasoning::Auto => {}
+    }
+    let prompt = served
+        .handle
+        .template
+        .render(&messages, true, &Value::Object(vars))
+        .map_err(|e| ApiError::bad_request(format!("chat template: {e}"), Some("messages")))?;
+    let prompt_ids = served
+        .handle
+        .tokenizer
+        .encode_prompt(&prompt)
+        .map_err(|e| ApiError::bad_request(format!("tokenizer: {e}"), Some("messages")))?;
+    finish(s, served, prompt_ids, checked, &req.generation, Kind::Chat).await
+}
+
+async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    match completion_inner(&s, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completion_inner(
+    s: &Shared,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: api::CompletionRequest = parse_body(body)?;
+    let served = model(s, &req.model)?;
+    let prompt = match req.prompt {
+        api::Prompt::One(p) => p,
+        api::Prompt::Many(mut v) if v.len() == 1 => v.remove(0),
+        api::Prompt::Many(_) => {
+            return Err(ApiError::bad_request(
+                "only one prompt per request is supported",
+                Some("prompt"),
+            ));
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::bad_request(
+            "prompt must not be empty",
+            Some("prompt"),
+        ));
+    }
+    let checked = api::check_generation(&req.generation)?;
+    // As `run` does: the tokenizer's BOS rule, special tokens in the text parsed.
+    let prompt_ids = served
+        .handle
+        .tokenizer
+        .encode(&prompt, true)
+        .map_err(|e| ApiError::bad_request(format!("tokenizer: {e}"), Some("prompt")))?;
+    finish(
+        s,
+        served,
+        prompt_ids,
+        checked,
+        &req.generation,
+        Kind::Completion,
+    )
+    .await
+}
+
+async fn finish(
+    s: &Shared,
+    served: &Served,
+    prompt_ids: Vec<u32>,
+    checked: api::Checked,
+    g: &api::Generation,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    if prompt_ids.is_empty() {
+        return Err(ApiError::bad_request("the prompt has no tokens", None));
+    }
+    let max_tokens =
+        api::max_tokens_for(checked.max_tokens, prompt_ids.len(), served.handle.n_ctx)?;
+    let p = Prepared {
+        served,
+        prompt_ids,
+        max_tokens,
+        checked,
+        stream: g.stream,
+        include_usage: g.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    };
+    let id = format!(
+        "{}-{}",
+        match kind {
+            Kind::Chat => "chatcmpl",
+            Kind::Completion => "cmpl",
+        },
+        s.next_id.fetch_add(1, Ordering::SeqCst)
+    );
+    let rx = submit(s, &p).await?;
+    let meta = Meta {
+        id,
+        model: served.id.clone(),
+        created: now_secs(),
+        kind,
+    };
+    if p.stream {
+        Ok(stream_response(meta, rx, p.include_usage))
+    } else {
+        collect_response(meta, rx).await
+    }
+}
+
+/// Fields every response object carries.
+#[derive(Clone)]
+struct Meta {
+    id: String,
+    model: String,
+    created: u64,
+    kind: Kind,
+}
+
+impl Meta {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    /// One choice carrying `text` (a delta when streaming).
+    fn choice(&self, text: Option<&str>, finish: Option<FinishReason>, chunk: bool) -> Value {
+        let reason = finish.map(FinishReason::as_str);
+        match self.kind {
+            Kind::Chat if chunk => {
+                let delta = match text {
+                    Some(t) => json!({ "content": t }),
+                    None => json!({}),
+                };
+                json!({ "index": 0, "delta": delta, "finish_reason": reason, "logprobs": null })
+            }
+            Kind::Chat => json!({
+                "index": 0,
+                "message": { "role": "assistant", "content": text.unwrap_or("") },
+                "finish_reason": reason,
+                "logprobs": null,
+            }),
+            Kind::Completion => json!({
+                "index": 0,
+                "text": text.unwrap_or(""),
+                "finish_reason": reason,
+                "logprobs": null,
+            }),
+        }
+    }
+
+    fn body(&self, choices: Vec<Value>, usage: Option<Value>, chunk: bool) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        v
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+async fn collect_response(
+    meta: Meta,
+    mut rx: UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done {
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                let body = meta.body(
+                    vec![meta.choice(Some(&text), Some(finish_reason), false)],
+                    Some(usage(prompt_tokens, completion_tokens)),
+                    false,
+                );
+                return Ok(axum::Json(body).into_response());
+            }
+            Event::Error(e) => {
+                return Err(
+                    ApiError::bad_request(format!("generation failed: {e}"), None)
+                        .status(StatusCode::INTERNAL_SERVER_ERROR),
+                );
+            }
+        }
+    }
+    Err(
+        ApiError::bad_request("generation ended without a result", None)
+            .status(StatusCode::INTERNAL_SERVER_ERROR),
+    )
+}
+
+/// The server-sent event stream: a first chunk with the role (chat), content chunks, a last
+/// chunk with `finish_reason`, an optional usage chunk, then `data: [DONE]`. Dropping the
+/// stream (client gone) drops the receiver, which the worker sees before its next step.
+fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>, include_usage: bool) -> Response {
+    enum St {
+        Start,
+        Running,
+        Usage(Value),
+        Done,
+        End,
+    }
+    let data =
+        |v: Value| Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string()));
+    let stream = futures_lite::stream::unfold(
+        (rx, St::Start, meta),
+        move |(mut rx, st, meta)| async move {
+            match st {
+                St::Start => {
+                    let first = match meta.kind {
+                        Kind::Chat => {
+                            json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "finish_reason": null, "logprobs": null })
+                        }
+                        Kind::Completion => meta.choice(Some(""), None, true),
+                    };
+                    let ev = data(meta.body(vec![first], None, true));
+                    Some((ev, (rx, St::Running, meta)))
+                }
+                St::Running => match rx.recv().await {
+                    Some(Event::Text(t)) => {
+                        let ev =
+                            data(meta.body(vec![meta.choice(Some(&t), None, true)], None, true));
+                        Some((ev, (rx, St::Running, meta)))
+                    }
+                    Some(Event::Done {
+                        finish_reason,
+                        prompt_tokens,
+                        completion_tokens,
+                    }) => {
+                        let ev = data(meta.body(
+                            vec![meta.choice(None, Some(finish_reason), true)],
+                            None,
+                            true,
+                        ));
+                        let next = if include_usage {
+                            St::Usage(usage(prompt_tokens, completion_tokens))
+                        } else {
+                            St::Done
+                        };
+                        Some((ev, (rx, next, meta)))
+                    }
+                    Some(Event::Error(e)) => {
+                        let ev = data(
+                            json!({ "error": { "message": format!("generation failed: {e}"), "type": "server_error", "param": null, "code": null } }),
+                        );
+                        Some((ev, (rx, St::Done, meta)))
+                    }
+                    None => None,
+                },
+                St::Usage(u) => {
+                    let ev = data(meta.body(Vec::new(), Some(u), true));
+                    Some((ev, (rx, St::Done, meta)))
+                }
+                St::Done => Some((Ok(SseEvent::default().data("[DONE]")), (rx, St::End, meta))),
+                St::End => None,
+            }
+        },
+    );
+    Sse::new(stream).into_response()
+}
