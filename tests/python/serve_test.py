@@ -16,7 +16,8 @@ failure:
 4. Disconnects: 10 clients leave mid-stream; /health then shows no running sequence.
 5. Model names through a Hugging Face hub cache (offline), and --reasoning / per-request
    overrides with a Qwen3-style thinking template.
-6. SIGTERM during a request: the request completes and the server exits with status 0.
+6. A full queue: with one slot and a queue of one, a third request gets 429.
+7. SIGTERM during a request: the request completes and the server exits with status 0.
 """
 import argparse
 import http.client
@@ -327,6 +328,40 @@ def hub_and_reasoning(binary, tiny, tmp):
         srv.stop()
 
 
+def queue_limit(binary, tiny):
+    """--max-concurrent 1 --max-queue 1: one request runs, one waits, the third gets 429."""
+    srv = Server(binary, [tiny], ["--max-concurrent", "1", "--max-queue", "1"])
+    try:
+        model = srv.client.models.list().data[0].id
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Count."}],
+                           "max_tokens": 1000, "temperature": 0, "stream": True})
+        running = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=600)
+        running.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        r = running.getresponse()
+        check(r.status == 200, f"first stream: {r.status}")
+        r.fp.readline()
+        waiting = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=600)
+        waiting.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        deadline = time.time() + 30
+        while srv.health()["waiting"] < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        check(srv.health()["waiting"] == 1, f"no request waiting: {srv.health()}")
+        status, data = srv.raw("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        check(status == 429 and "busy" in json.loads(data)["error"]["message"], f"third request: {status} {data[:200]!r}")
+        for c in (running, waiting):
+            c.sock.close()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            h = srv.health()
+            if h["running"] == 0 and h["waiting"] == 0 and h["slots_in_use"] == 0:
+                break
+            time.sleep(0.2)
+        check(h["running"] == 0 and h["waiting"] == 0, f"after closing: {h}")
+        print("queue: with 1 slot and a queue of 1, the third request got 429; closing both freed everything")
+    finally:
+        srv.stop()
+
+
 def sigterm_during_request(binary, tiny):
     srv = Server(binary, [tiny])
     model = srv.client.models.list().data[0].id
@@ -370,6 +405,7 @@ def main():
         srv.stop()
     with tempfile.TemporaryDirectory() as tmp:
         hub_and_reasoning(a.bin, a.tiny, tmp)
+    queue_limit(a.bin, a.tiny)
     sigterm_during_request(a.bin, a.tiny)
     print("serve_test: all checks passed")
 

@@ -148,3 +148,29 @@ pub fn resolve(spec: &str) -> Result<Vec<ModelSource>, String> {
         })
         .map_err(|e| format!("model '{spec}': {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_serves_each_gguf_as_a_model() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["b.gguf", "a.gguf", "notes.txt"] {
+            std::fs::write(dir.path().join(name), b"").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("sub.gguf")).unwrap();
+        let models = resolve(dir.path().to_str().unwrap()).unwrap();
+        let ids: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["a.gguf", "b.gguf"]);
+        assert_eq!(models[0].path, dir.path().join("a.gguf"));
+
+        let empty = tempfile::tempdir().unwrap();
+        let e = resolve(empty.path().to_str().unwrap()).unwrap_err();
+        assert!(e.contains("no .gguf file"), "{e}");
+        let e = resolve("org/repo:weights.bin").unwrap_err();
+        assert!(e.contains("repo:file.gguf"), "{e}");
+        let e = resolve("no-such-model").unwrap_err();
+        assert!(e.contains("no-such-model"), "{e}");
+    }
+}
