@@ -94,6 +94,29 @@ pub struct Options {
     pub model: Option<PathBuf>,
     /// Least time each measurement repeats for, in seconds (0.25, or 0.05 with `--quick`).
     pub min_time: Option<f64>,
+    /// GEMV variant to time instead of the one the library selects: `row-per-unit`,
+    /// `shared`, `shared-one-row` or `plane` (see [`GemvConfig`]), for choosing between them.
+    pub variant: Option<String>,
+}
+
+/// The GEMV variant `name` (`row-per-unit`, `shared`, `shared-one-row`, `plane`) if `client`
+/// can run it.
+fn named_variant(client: &Client, name: &str) -> Result<GemvConfig, String> {
+    let available = GemvConfig::variants(client);
+    let wanted = match name {
+        "row-per-unit" => Some(GemvConfig::ROW_PER_UNIT),
+        "shared" => Some(GemvConfig::SHARED),
+        "shared-one-row" => Some(GemvConfig::SHARED_ONE_ROW),
+        "plane" => available.iter().copied().find(|c| c.plane),
+        _ => {
+            return Err(format!(
+                "unknown variant '{name}' (row-per-unit, shared, shared-one-row, plane)"
+            ));
+        }
+    };
+    wanted
+        .filter(|c| available.contains(c))
+        .ok_or_else(|| format!("variant '{name}' does not run on this device"))
 }
 
 /// Timing settings of a run.
@@ -567,7 +590,10 @@ pub fn run(opts: &Options) -> Result<(), String> {
     let client =
         burn_gguf::cube_client(&device).ok_or("the default device is not a CubeCL device")?;
     let max_buffer = burn_gguf::max_buffer_bytes(&device).unwrap_or(u64::MAX);
-    let config = GemvConfig::for_client(&client);
+    let config = match &opts.variant {
+        Some(name) => named_variant(&client, name)?,
+        None => GemvConfig::for_client(&client),
+    };
     let props = client.properties();
     let device_json = json!({
         "name": props.identity.name,

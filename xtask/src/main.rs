@@ -78,6 +78,10 @@ enum Command {
         /// Least seconds each measurement repeats for (default 0.25, or 0.05 with --quick).
         #[arg(long, value_name = "SECONDS")]
         min_time: Option<f64>,
+        /// Time this GEMV variant instead of the library's choice: row-per-unit, shared,
+        /// shared-one-row or plane.
+        #[arg(long, value_name = "NAME")]
+        variant: Option<String>,
     },
 }
 
@@ -110,6 +114,7 @@ fn main() -> ExitCode {
             no_e2e,
             model,
             min_time,
+            variant,
         } => bench::run(&bench::Options {
             json,
             quick,
@@ -117,6 +122,7 @@ fn main() -> ExitCode {
             no_e2e,
             model,
             min_time,
+            variant,
         }),
     };
     match result {
