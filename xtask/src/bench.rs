@@ -80,22 +80,32 @@ const READ_CUBE_DIM: u32 = 256;
 const READ_UNROLL: u32 = 8;
 
 /// Options of one run (the command line of `cargo xtask bench`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, clap::Args)]
 pub struct Options {
-    /// Write the results as JSON to this file.
+    /// Also write every figure to this JSON file.
+    #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Reduced set and shorter timings (under 5 minutes on lavapipe).
+    /// Reduced set (all types on 4096x4096, the key types on the other shapes; prefill of Q4_K
+    /// on 4096x4096; 16 decode tokens) and shorter timings: under 5 minutes on lavapipe.
+    #[arg(long)]
     pub quick: bool,
-    /// Only these types (all with a kernel when empty).
+    /// Only this ggml type (repeatable; e.g. --type Q4_K --type Q8_0). All with a kernel when
+    /// absent.
+    #[arg(long = "type", value_name = "T")]
     pub types: Vec<GgmlType>,
     /// Skip the end-to-end generation.
+    #[arg(long)]
     pub no_e2e: bool,
-    /// Model for the end-to-end generation (Gemma 3 270M from the model cache when absent).
+    /// GGUF model for the end-to-end generation (default: Gemma 3 270M from the model cache;
+    /// skipped with a message when absent).
+    #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// Least time each measurement repeats for, in seconds (0.25, or 0.05 with `--quick`).
+    /// Least seconds each measurement repeats for (default 0.25, or 0.05 with --quick).
+    #[arg(long, value_name = "SECONDS")]
     pub min_time: Option<f64>,
-    /// GEMV variant to time instead of the one the library selects: `row-per-unit`,
-    /// `shared`, `shared-one-row` or `plane` (see [`GemvConfig`]), for choosing between them.
+    /// Time this GEMV variant instead of the library's choice: row-per-unit, shared,
+    /// shared-one-row or plane.
+    #[arg(long, value_name = "NAME")]
     pub variant: Option<String>,
 }
 

@@ -57,32 +57,7 @@ enum Command {
     ///
     /// Times are seconds per call (mean after one warm-up call), bandwidths 10^9 bytes/s of
     /// weights. See `xtask/src/bench.rs` for what each figure measures.
-    Bench {
-        /// Also write every figure to this JSON file.
-        #[arg(long, value_name = "FILE")]
-        json: Option<std::path::PathBuf>,
-        /// Reduced set (all types on 4096x4096, the key types on the other shapes; prefill of
-        /// Q4_K on 4096x4096; 16 decode tokens) and shorter timings: minutes on lavapipe.
-        #[arg(long)]
-        quick: bool,
-        /// Only this ggml type (repeatable; e.g. --type Q4_K --type Q8_0).
-        #[arg(long = "type", value_name = "T")]
-        types: Vec<gguf::GgmlType>,
-        /// Skip the end-to-end generation.
-        #[arg(long)]
-        no_e2e: bool,
-        /// GGUF model for the end-to-end generation (default: Gemma 3 270M from the model cache;
-        /// skipped with a message when absent).
-        #[arg(long, value_name = "PATH")]
-        model: Option<std::path::PathBuf>,
-        /// Least seconds each measurement repeats for (default 0.25, or 0.05 with --quick).
-        #[arg(long, value_name = "SECONDS")]
-        min_time: Option<f64>,
-        /// Time this GEMV variant instead of the library's choice: row-per-unit, shared,
-        /// shared-one-row or plane.
-        #[arg(long, value_name = "NAME")]
-        variant: Option<String>,
-    },
+    Bench(bench::Options),
 }
 
 mod bench;
@@ -107,23 +82,7 @@ fn main() -> ExitCode {
                 0 => Ok(()),
                 n => Err(format!("{n} kernel variants failed")),
             }),
-        Command::Bench {
-            json,
-            quick,
-            types,
-            no_e2e,
-            model,
-            min_time,
-            variant,
-        } => bench::run(&bench::Options {
-            json,
-            quick,
-            types,
-            no_e2e,
-            model,
-            min_time,
-            variant,
-        }),
+        Command::Bench(opts) => bench::run(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -184,13 +143,13 @@ mod tests {
         ])
         .unwrap();
         match cli.command {
-            Command::Bench {
+            Command::Bench(bench::Options {
                 quick,
                 types,
                 json,
                 no_e2e,
                 ..
-            } => {
+            }) => {
                 assert!(quick && !no_e2e);
                 assert_eq!(types, [gguf::GgmlType::Q4_K, gguf::GgmlType::Q8_0]);
                 assert_eq!(json.as_deref(), Some(std::path::Path::new("b.json")));

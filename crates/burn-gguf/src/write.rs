@@ -47,13 +47,10 @@ pub fn add_quantized<const D: usize>(
     }
     let shape = tensor.shape().dims::<D>();
     let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-    let row_len = ne.first().copied().unwrap_or(1);
-    if row_len % ggml_type.block_size() as u64 != 0 {
-        return Err(err(format!(
-            "row length {row_len} is not a multiple of the {ggml_type} block size {}",
-            ggml_type.block_size()
-        )));
-    }
+    // Checked before quantizing (the writer checks it again): whole blocks per row.
+    ggml_type
+        .row_bytes(ne.first().copied().unwrap_or(1))
+        .map_err(|e| err(e.to_string()))?;
     let values = tensor
         .into_data()
         .convert::<f32>()

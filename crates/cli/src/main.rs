@@ -98,38 +98,7 @@ enum Command {
     /// Serve models over an OpenAI-compatible HTTP API (/v1/chat/completions,
     /// /v1/completions, /v1/models, /health). Ctrl-C or SIGTERM finishes running requests and
     /// exits.
-    Serve {
-        /// A model: a .gguf file, a directory (every .gguf in it), `org/repo:file.gguf` or
-        /// `org/repo` (the Hugging Face hub cache; a missing file is downloaded unless
-        /// HF_HUB_OFFLINE=1), or a known name (gemma3-270m). Repeat for several models.
-        #[arg(short, long = "model", required = true)]
-        models: Vec<String>,
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// Port (0: any free port; the address is printed on stderr).
-        #[arg(long, default_value_t = 8000)]
-        port: u16,
-        /// Thinking for templates that support it (`enable_thinking`); a request's
-        /// `reasoning` field overrides it. auto: the template's default.
-        #[arg(long, value_enum, default_value = "auto")]
-        reasoning: burn_gguf_cli::serve::api::Reasoning,
-        /// Most sequences generating at once (over all models).
-        #[arg(long, default_value_t = 8)]
-        max_concurrent: usize,
-        /// Most requests waiting for a slot; more are answered 429.
-        #[arg(long, default_value_t = 128)]
-        max_queue: usize,
-        /// Context length per sequence (capped by the model's own).
-        #[arg(long, default_value_t = 4096)]
-        ctx_size: usize,
-        /// Largest request body in bytes.
-        #[arg(long, default_value_t = 2 << 20)]
-        max_body_bytes: usize,
-        /// Dequantize all weights at load (no packed kernels).
-        #[arg(long)]
-        dequantize: bool,
-    },
+    Serve(burn_gguf_cli::serve::ServeOptions),
     /// Download a known model into the cache and print its path.
     Fetch {
         /// Model name: gemma3-270m.
@@ -191,27 +160,7 @@ fn main() -> ExitCode {
         } => fetch::resolve_model(&file)
             .map_err(|e| e.to_string())
             .and_then(|path| burn_gguf_cli::inspect::run(&path, tensor.as_deref(), device)),
-        Command::Serve {
-            models,
-            host,
-            port,
-            reasoning,
-            max_concurrent,
-            max_queue,
-            ctx_size,
-            max_body_bytes,
-            dequantize,
-        } => burn_gguf_cli::serve::serve(&burn_gguf_cli::serve::ServeOptions {
-            models,
-            host,
-            port,
-            reasoning,
-            max_concurrent,
-            max_queue,
-            ctx_size,
-            max_body_bytes,
-            dequantize,
-        }),
+        Command::Serve(opts) => burn_gguf_cli::serve::serve(&opts),
         Command::Fetch { name } => fetch::ensure_model(&name)
             .map(|p| println!("{}", p.display()))
             .map_err(|e| e.to_string()),

@@ -34,26 +34,38 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use api::{ApiError, Reasoning};
 use engine::{Event, FinishReason, Job, ModelHandle};
 
-/// Options of `serve`.
-#[derive(Clone, Debug)]
+/// Options of `serve` (its command line).
+#[derive(Clone, Debug, clap::Args)]
 pub struct ServeOptions {
-    /// Model names (see [`models::resolve`]); each may name several files.
+    /// A model: a .gguf file, a directory (every .gguf in it), `org/repo:file.gguf` or
+    /// `org/repo` (the Hugging Face hub cache; a missing file is downloaded unless
+    /// HF_HUB_OFFLINE=1), or a known name (gemma3-270m). Repeat for several models.
+    #[arg(short, long = "model", required = true)]
     pub models: Vec<String>,
     /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
-    /// Port to listen on (0: any free port, printed at start).
+    /// Port (0: any free port; the address is printed on stderr).
+    #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Reasoning default for templates that support it.
+    /// Thinking for templates that support it (`enable_thinking`); a request's `reasoning`
+    /// field overrides it. auto: the template's default.
+    #[arg(long, value_enum, default_value = "auto")]
     pub reasoning: Reasoning,
-    /// Most sequences generating at once, over all models.
+    /// Most sequences generating at once (over all models).
+    #[arg(long, default_value_t = 8)]
     pub max_concurrent: usize,
-    /// Most requests waiting for a slot; more get 429.
+    /// Most requests waiting for a slot; more are answered 429.
+    #[arg(long, default_value_t = 128)]
     pub max_queue: usize,
-    /// Context length cap per sequence (the model's own length if smaller).
+    /// Context length per sequence (capped by the model's own).
+    #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
-    /// Largest request body, in bytes.
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 2 << 20)]
     pub max_body_bytes: usize,
-    /// Dequantize every weight at load.
+    /// Dequantize all weights at load (no packed kernels).
+    #[arg(long)]
     pub dequantize: bool,
 }
 
@@ -284,19 +296,17 @@ struct Prepared<'a> {
     prompt_ids: Vec<u32>,
     checked: api::Checked,
     max_tokens: usize,
-    stream: bool,
-    include_usage: bool,
 }
 
 /// Queues `p` on its model's worker. Returns the event receiver.
-async fn submit(s: &AppState, p: &Prepared<'_>) -> Result<UnboundedReceiver<Event>, ApiError> {
+async fn submit(s: &AppState, p: Prepared<'_>) -> Result<UnboundedReceiver<Event>, ApiError> {
     let permit = slot(s).await?;
     let (tx, rx) = unbounded_channel();
     let job = Job {
-        prompt_ids: p.prompt_ids.clone(),
+        prompt_ids: p.prompt_ids,
         max_tokens: p.max_tokens,
-        sampler: p.checked.sampler.clone(),
-        stop: p.checked.stop.clone(),
+        sampler: p.checked.sampler,
+        stop: p.checked.stop,
         events: tx,
         permit,
     };
@@ -423,8 +433,6 @@ async fn finish(
         prompt_ids,
         max_tokens,
         checked,
-        stream: g.stream,
-        include_usage: g.stream_options.as_ref().is_some_and(|o| o.include_usage),
     };
     let id = format!(
         "{}-{}",
@@ -434,15 +442,16 @@ async fn finish(
         },
         s.next_id.fetch_add(1, Ordering::SeqCst)
     );
-    let rx = submit(s, &p).await?;
+    let rx = submit(s, p).await?;
     let meta = Meta {
         id,
         model: served.id.clone(),
         created: now_secs(),
         kind,
     };
-    if p.stream {
-        Ok(stream_response(meta, rx, p.include_usage))
+    if g.stream {
+        let include_usage = g.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        Ok(stream_response(meta, rx, include_usage))
     } else {
         collect_response(meta, rx).await
     }
