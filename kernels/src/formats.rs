@@ -24,8 +24,21 @@ pub trait BlockFormat: 'static + Send + Sync {
     const BLOCK_BYTES: u32;
     /// Chunks of [`CHUNK_ELEMS`] per block.
     const CHUNKS: u32 = Self::BLOCK_ELEMS / CHUNK_ELEMS;
+    /// Blocks the own-rows GEMV stages into registers per step ([`stage_blocks`]).
+    const STAGE_BLOCKS: u32 = stage_blocks(Self::BLOCK_BYTES, Self::BLOCK_ELEMS);
     /// The codebook the decoder reads from its grid buffer ([`Grid::None`] for most types).
     const GRID: Grid = Grid::None;
+}
+
+/// Blocks of `bytes` bytes and `elems` elements staged per step by the own-rows GEMV: the most
+/// (a power of two) that stay within 256 bytes and 256 elements, so small blocks share the
+/// vector loads that cover a misaligned start while the unrolled step's code stays small.
+pub const fn stage_blocks(bytes: u32, elems: u32) -> u32 {
+    let mut g = 1;
+    while 2 * g * bytes <= 256 && 2 * g * elems <= 256 {
+        g *= 2;
+    }
+    g
 }
 
 /// A codebook (ggml-common.h `iq*_grid`) that a decoder reads from a small device buffer, the

@@ -1,19 +1,34 @@
 //! Fused dequantize + GEMV: `y[r, n] = sum_k x[r, k] * W[n, k]` for 1..=8 activation rows,
 //! weights read once straight from their ggml blocks.
 //!
-//! Each output row `n` is handled by `lanes` units of one cube (CubeDim `(lanes, rows_per_cube)`);
-//! lane `l` walks the row's 32-element chunks `l, l + lanes, ...`, decodes each into registers
-//! with the type's [`BlockDecode`] and accumulates one f32 partial per activation row. Partials
-//! are reduced with a plane (subgroup) sum when `plane` is set (then `lanes` must be the device's
-//! plane width) or through workgroup shared memory otherwise. With `lanes == 1` each unit owns a
-//! row and no reduction is needed: on CPU-emulated devices (lavapipe) neighbouring units then read
-//! the same activations, which become uniform loads instead of gathers.
+//! Two ways of mapping units to rows, one kernel each, both generic over the one block decoder
+//! of each type ([`crate::GemvConfig`] picks one per device):
+//!
+//! - **split** ([`gemv`], the GPU layout of llama.cpp's `mul_mat_vec`): `lanes` units of
+//!   one cube share an output row (CubeDim `(lanes, rows_per_cube)`); lane `l` walks the row's
+//!   32-element chunks `l, l + lanes, ...`, so neighbouring lanes read neighbouring bytes, decodes
+//!   each with the type's [`BlockDecode`] and accumulates one f32 partial per activation row.
+//!   Partials are reduced with a plane (subgroup) sum when `plane` is set (then `lanes` is the
+//!   device's plane width) or through workgroup shared memory otherwise.
+//! - **own rows** ([`gemv_rows`], the layout of CPU-emulated devices such as lavapipe, where
+//!   every load whose address differs between lanes is a scalar loop over the SIMD lanes, so a
+//!   4-word vector load costs little more than a word, and arithmetic is cheap): each unit owns
+//!   `own_rows` whole rows and walks them a few blocks
+//!   ([`crate::formats::BlockFormat::STAGE_BLOCKS`]) at a time. The blocks are staged once into
+//!   registers with 4-word vector loads ([`stage_vec4`]), where the decoders' unaligned reads
+//!   would load two words per field, then decoded chunk by chunk from there; each activation is
+//!   loaded once (as 4-float vectors) for all the unit's rows. With `plane` the cube is one plane
+//!   of `lanes` units: lane `l` loads activation vectors `l, l + lanes, ...` of a step and the
+//!   plane shares them with `plane_broadcast`, so the plane loads each activation once for
+//!   `lanes * own_rows` rows.
 use crate::formats::{BlockDecode, CHUNK_ELEMS};
 use cubecl::prelude::*;
 
 /// The GEMV kernel. `x` is `[m, cols]` row-major f32, `y` is `[m, rows]`, `w` holds `rows`
-/// rows of `cols / BLOCK_ELEMS` blocks each, plus one padding word; `grid` is the type's codebook.
+/// rows of `cols / BLOCK_ELEMS` blocks each, plus padding ([`crate::words_len`]); `grid` is the
+/// type's codebook. The split layout (see the module docs).
 #[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
 pub fn gemv<F: BlockDecode>(
     w: &[u32],
     grid: &[u32],
@@ -102,4 +117,316 @@ pub fn gemv<F: BlockDecode>(
             }
         }
     }
+}
+
+/// Four words or four floats: one load instruction.
+pub type Vec4<T> = Vector<T, Const<4>>;
+
+/// The GEMV kernel in the own-rows layout. `w` is the word stream as 4-word vectors (its length
+/// padded to whole vectors, [`crate::words_len`]), `x` is `[m, cols]` f32 as 4-float vectors, `y`
+/// is `[m, rows]`. Unit `l` of cube `c` owns rows `c * lanes * own_rows + j * lanes + l` for
+/// `j < own_rows` (CubeDim `(lanes, 1)`); with `plane`, `lanes` is the device's plane width.
+#[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_rows<F: BlockDecode>(
+    w: &[Vec4<u32>],
+    grid: &[u32],
+    x: &[Vec4<f32>],
+    y: &mut [f32],
+    rows: u32,
+    cols: u32,
+    #[comptime] m: u32,
+    #[comptime] lanes: u32,
+    #[comptime] plane: bool,
+    #[comptime] own_rows: u32,
+) {
+    let lane = UNIT_POS_X;
+    let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
+    let first = cube * comptime!(lanes * own_rows) + lane;
+    // Activation rows in groups of at most OWN_ROWS_M (the unrolled code and the registers it
+    // holds grow with the group); each group reads the weights once.
+    let mg = comptime!(if m < OWN_ROWS_M { m } else { OWN_ROWS_M });
+    let full = comptime!(m / mg);
+    let rest = comptime!(m % mg);
+    for gi in 0..full {
+        rows_act_group::<F>(w, grid, x, y, rows, cols, first, gi * mg, mg, lanes, plane, own_rows);
+    }
+    if comptime!(rest > 0) {
+        rows_act_group::<F>(
+            w,
+            grid,
+            x,
+            y,
+            rows,
+            cols,
+            first,
+            comptime!(full * mg),
+            rest,
+            lanes,
+            plane,
+            own_rows,
+        );
+    }
+}
+
+/// Activation rows one pass of [`gemv_rows`] takes at most; more take further passes, each
+/// reading the weights again.
+pub const OWN_ROWS_M: u32 = 2;
+
+/// `y[r0..r0 + m]` for the unit's rows.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn rows_act_group<F: BlockDecode>(
+    w: &[Vec4<u32>],
+    grid: &[u32],
+    x: &[Vec4<f32>],
+    y: &mut [f32],
+    rows: u32,
+    cols: u32,
+    first: u32,
+    r0: u32,
+    #[comptime] m: u32,
+    #[comptime] lanes: u32,
+    #[comptime] plane: bool,
+    #[comptime] own_rows: u32,
+) {
+    let blocks = cols / comptime!(F::BLOCK_ELEMS);
+    let row_bytes = blocks * comptime!(F::BLOCK_BYTES);
+    let mut acc = Array::<f32>::new(comptime!((m * own_rows) as usize));
+    #[unroll]
+    for i in 0..comptime!(m * own_rows) {
+        acc[i as usize] = 0.0;
+    }
+    // Whole groups of STAGE_BLOCKS blocks, then (when the row has a remainder) single blocks.
+    let group = comptime!(F::STAGE_BLOCKS);
+    let grouped = blocks / group * group;
+    rows_blocks::<F>(
+        w, grid, x, &mut acc, rows, cols, row_bytes, first, r0, 0, grouped, m, lanes, plane,
+        own_rows, group,
+    );
+    if comptime!(group > 1) {
+        rows_blocks::<F>(
+            w, grid, x, &mut acc, rows, cols, row_bytes, first, r0, grouped, blocks, m, lanes,
+            plane, own_rows, 1u32,
+        );
+    }
+    #[unroll]
+    for j in 0..own_rows {
+        let row = first + j * lanes;
+        if row < rows {
+            #[unroll]
+            for r in 0..m {
+                y[((r0 + r) * rows + row) as usize] = acc[(j * m + r) as usize];
+            }
+        }
+    }
+}
+
+/// Accumulates blocks `start..end` (a multiple of `group` apart) of the unit's rows, for
+/// activation rows `r0..r0 + m`, into `acc` (`[own_rows, m]`), `group` blocks per step.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn rows_blocks<F: BlockDecode>(
+    w: &[Vec4<u32>],
+    grid: &[u32],
+    x: &[Vec4<f32>],
+    acc: &mut Array<f32>,
+    rows: u32,
+    cols: u32,
+    row_bytes: u32,
+    first: u32,
+    r0: u32,
+    start: u32,
+    end: u32,
+    #[comptime] m: u32,
+    #[comptime] lanes: u32,
+    #[comptime] plane: bool,
+    #[comptime] own_rows: u32,
+    #[comptime] group: u32,
+) {
+    let lane = UNIT_POS_X;
+    let block_elems = comptime!(F::BLOCK_ELEMS);
+    let block_bytes = comptime!(F::BLOCK_BYTES);
+    let step_elems = comptime!(group * F::BLOCK_ELEMS);
+    // Activation vectors each unit loads per step and activation row: its share when the plane
+    // shares them, all of them otherwise.
+    let share = comptime!(if plane { lanes } else { 1 });
+    let held = comptime!(step_elems / 4 / share);
+    let words = comptime!((group * F::BLOCK_BYTES).div_ceil(4));
+    let align = comptime!(stage_alignment(F::BLOCK_BYTES));
+    let mut xs = Array::<f32>::new(comptime!((m * step_elems) as usize));
+    let mut staged = Array::<u32>::new(comptime!((words + 1) as usize));
+    staged[words as usize] = 0;
+    let mut vals = Array::<f32>::new(comptime!(CHUNK_ELEMS as usize));
+    // Rows past the last compute on the last row (in bounds) and are not stored.
+    let last = rows - 1;
+    // The unit's offset among the plane's activation loads (none when it loads them all).
+    let lane_off = lane * comptime!(if plane { 1u32 } else { 0u32 });
+    let mut b = start;
+    while b < end {
+        // The step's activations, `xs[r * step_elems + e]`: each unit loads its share of
+        // vectors, and with `plane` the plane's lanes exchange them (vector `v` of the step is
+        // loaded by lane `v % share`), once for all of the unit's rows.
+        let xv = (b * block_elems) / 4;
+        #[unroll]
+        for r in 0..m {
+            #[unroll]
+            for i in 0..held {
+                let v = x[((r0 + r) * (cols / 4) + xv + lane_off + i * share) as usize];
+                #[unroll]
+                for c in 0..4u32 {
+                    let e = comptime!(4 * i * share + c);
+                    xs[(r * step_elems + e) as usize] = v.extract(c as usize);
+                }
+            }
+            if comptime!(plane) {
+                // Lane `l`'s vectors land at `4 * (i * share + l)`; fill in the other lanes'
+                // slots from their owners, in place (each slot is read before it is written).
+                #[unroll]
+                for i in 0..held {
+                    #[unroll]
+                    for c in 0..4u32 {
+                        let own = xs[(r * step_elems + comptime!(4 * i * share + c)) as usize];
+                        #[unroll]
+                        for l in 0..share {
+                            let e = comptime!(4 * (i * share + l) + c);
+                            xs[(r * step_elems + e) as usize] = plane_broadcast(own, l);
+                        }
+                    }
+                }
+            }
+        }
+        // A runtime loop over the unit's rows (one copy of the step's code, so compile time
+        // does not grow with `own_rows`), each row summed in registers and added to its
+        // accumulators once per step.
+        for j in 0..own_rows {
+            let row = select(first + j * lanes < last, first + j * lanes, last);
+            stage_vec4(
+                w,
+                row * row_bytes + b * block_bytes,
+                &mut staged,
+                words,
+                align,
+            );
+            let mut sums = Array::<f32>::new(comptime!(m as usize));
+            #[unroll]
+            for r in 0..m {
+                sums[r as usize] = 0.0;
+            }
+            #[unroll]
+            for g in 0..group {
+                #[unroll]
+                for k in 0..comptime!(F::CHUNKS) {
+                    F::decode_chunk(
+                        staged.as_slice(),
+                        grid,
+                        comptime!(g * block_bytes),
+                        k,
+                        &mut vals,
+                    );
+                    let e0 = comptime!(g * block_elems + k * CHUNK_ELEMS);
+                    #[unroll]
+                    for r in 0..m {
+                        // Four independent chains: the adds do not wait on each other's
+                        // latency (the split kernel sums in order; both are within GEMV_TOL).
+                        let mut s = Array::<f32>::new(4usize);
+                        #[unroll]
+                        for q in 0..4u32 {
+                            s[q as usize] = 0.0;
+                        }
+                        #[unroll]
+                        for e in 0..comptime!(CHUNK_ELEMS) {
+                            let xe = xs[(r * step_elems + e0 + e) as usize];
+                            s[(e % 4) as usize] += vals[e as usize] * xe;
+                        }
+                        sums[r as usize] += (s[0] + s[1]) + (s[2] + s[3]);
+                    }
+                }
+            }
+            #[unroll]
+            for r in 0..m {
+                acc[(j * m + r) as usize] += sums[r as usize];
+            }
+        }
+        b += group;
+    }
+}
+
+/// What is known at compile time of where a staged run starts for blocks of `block_bytes`
+/// bytes (every start is a multiple of `block_bytes`, since rows are whole blocks and each
+/// buffer starts on a row): 16 (on a vector), 4 (on a word) or 1 (anywhere).
+pub const fn stage_alignment(block_bytes: u32) -> u32 {
+    let bytes = block_bytes;
+    if bytes % 16 == 0 {
+        16
+    } else if bytes % 4 == 0 {
+        4
+    } else {
+        1
+    }
+}
+
+/// Vectors [`stage_vec4`] loads for `words` words at `align`: enough for the words after a
+/// start anywhere in a vector, plus the next word when the start is not on a word.
+pub const fn stage_vectors(words: u32, align: u32) -> u32 {
+    match align {
+        16 => words / 4,
+        4 => (words + 3).div_ceil(4),
+        _ => (words + 4).div_ceil(4),
+    }
+}
+
+/// Copies the `words * 4` bytes from byte `start` of the vector stream `w` into
+/// `out[0..words]` as words, with [`stage_vectors`] vector loads (one instruction each) and
+/// register shuffles: `align` says what is known of `start` at compile time. The stream's
+/// padding ([`crate::words_len`]) keeps every load in bounds for the last block of a buffer.
+#[cube]
+pub fn stage_vec4(
+    w: &[Vec4<u32>],
+    start: u32,
+    out: &mut Array<u32>,
+    #[comptime] words: u32,
+    #[comptime] align: u32,
+) {
+    let v0 = start / 16;
+    let nv = comptime!(stage_vectors(words, align));
+    let mut flat = Array::<u32>::new(comptime!((4 * nv) as usize));
+    #[unroll]
+    for t in 0..nv {
+        let v = w[(v0 + t) as usize];
+        #[unroll]
+        for c in 0..4u32 {
+            flat[(4 * t + c) as usize] = v.extract(c as usize);
+        }
+    }
+    if comptime!(align == 16) {
+        #[unroll]
+        for i in 0..words {
+            out[i as usize] = flat[i as usize];
+        }
+    } else {
+        // Word `q + i` of the loaded vectors is word `i` of the run; with a byte offset `s`,
+        // each word is funnel-shifted from two.
+        let q = (start / 4) % 4;
+        let s = (start % 4) * 8;
+        let mut lo = pick4(&flat, q, 0u32);
+        #[unroll]
+        for i in 0..words {
+            if comptime!(align == 4) {
+                out[i as usize] = pick4(&flat, q, i);
+            } else {
+                let hi = pick4(&flat, q, comptime!(i + 1));
+                out[i as usize] = select(s == 0, lo, (lo >> s) | (hi << ((32 - s) % 32)));
+                lo = hi;
+            }
+        }
+    }
+}
+
+/// `flat[q + i]` for a runtime `q < 4` and a compile-time `i`: three selects.
+#[cube]
+fn pick4(flat: &Array<u32>, q: u32, #[comptime] i: u32) -> u32 {
+    let a = select(q == 0, flat[i as usize], flat[(i + 1) as usize]);
+    let b = select(q == 2, flat[(i + 2) as usize], flat[(i + 3) as usize]);
+    select(q < 2, a, b)
 }

@@ -150,6 +150,10 @@ pub(crate) use with_format;
 /// Most activation rows one fused GEMV launch takes; more rows go through chunked prefill.
 pub const MAX_GEMV_ROWS: usize = 8;
 
+/// The widest plane the own-rows GEMV shares activations across: a step's 32 elements are 8
+/// vectors of 4, one per lane.
+pub const MAX_OWN_ROWS_PLANE: u32 = 8;
+
 /// Errors from the launch functions: arguments that do not fit the kernels.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -179,10 +183,11 @@ pub fn grid_words(ty: GgmlType) -> Option<Vec<u32>> {
     with_format!(ty, F => Some(F::GRID.words()), None)
 }
 
-/// Packs a tensor's raw bytes into little-endian `u32` words, zero-padded to whole words plus
-/// one extra word (the decoders' unaligned reads load one word past a field).
+/// Packs a tensor's raw bytes into little-endian `u32` words, zero-padded to [`words_len`]:
+/// whole 4-word vectors, with room past the bytes for the decoders' unaligned reads (one word
+/// past a field) and the own-rows GEMV's vector loads (up to 7 words past the last byte).
 pub fn words_for_bytes(bytes: &[u8]) -> Vec<u32> {
-    let mut words = vec![0u32; bytes.len().div_ceil(4) + 1];
+    let mut words = vec![0u32; words_len(bytes.len())];
     let (body, tail) = bytes.split_at(bytes.len() / 4 * 4);
     for (w, c) in words.iter_mut().zip(body.chunks_exact(4)) {
         *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -193,33 +198,71 @@ pub fn words_for_bytes(bytes: &[u8]) -> Vec<u32> {
     words
 }
 
-/// Words needed to hold `n_bytes` of blocks (see [`words_for_bytes`]).
+/// Words needed to hold `n_bytes` of blocks (see [`words_for_bytes`]): `ceil(n_bytes / 4) + 7`
+/// rounded up to a multiple of 4, so at most [`PAD_BYTES`] past the data.
 pub fn words_len(n_bytes: usize) -> usize {
-    n_bytes.div_ceil(4) + 1
+    (n_bytes.div_ceil(4) + 7).next_multiple_of(4)
 }
 
-/// How a GEMV launch maps onto the device: `lanes` units per output row (the plane width when
-/// `plane`), `rows_per_cube` output rows per cube.
+/// The most bytes [`words_for_bytes`] adds past a tensor's data (a buffer limit must leave room
+/// for them).
+pub const PAD_BYTES: usize = 44;
+
+/// How a GEMV launch maps units onto rows (the two layouts of [`gemv`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct GemvConfig {
-    pub lanes: u32,
-    pub rows_per_cube: u32,
-    pub plane: bool,
+pub enum GemvConfig {
+    /// `lanes` units share each output row, `rows_per_cube` rows per cube; partials are
+    /// reduced with a plane sum (`plane`: `lanes` is the device's plane width) or through
+    /// shared memory (`lanes == 1`: no reduction). The GPU layout: neighbouring lanes read
+    /// neighbouring chunks of a row.
+    Split {
+        lanes: u32,
+        rows_per_cube: u32,
+        plane: bool,
+    },
+    /// Each of the `lanes` units of a cube owns `rows_per_unit` whole rows, stages each block
+    /// once with vector loads and loads each activation once for all of them; with `plane` the
+    /// cube is one plane (`lanes` is the device's plane width, at most
+    /// [`MAX_OWN_ROWS_PLANE`]) whose lanes share their activation loads through plane
+    /// broadcasts. The layout of CPU-emulated devices (lavapipe), where each per-lane load
+    /// costs a scalar loop over the SIMD lanes and arithmetic is cheap.
+    OwnRows {
+        rows_per_unit: u32,
+        lanes: u32,
+        plane: bool,
+    },
 }
 
 impl GemvConfig {
-    /// The variant for this device: a plane per row with a plane reduction where the device has
-    /// plane ops and a fixed plane width; otherwise 8 lanes per row with a shared-memory
-    /// reduction (also the faster one on lavapipe, where one unit per row is 2.5x slower), except
-    /// on CubeCL's SPIR-V path, whose shared-memory kernels fail `spirv-val`: one unit per row
-    /// there.
+    /// The variant for this device:
+    /// - a software device (no physical card, e.g. lavapipe):
+    ///   [`GemvConfig::OwnRows`] with 8 rows per unit, sharing activations across a plane
+    ///   when the device's plane width is fixed and at most [`MAX_OWN_ROWS_PLANE`] (lavapipe
+    ///   on AVX2: 8, its SIMD width). CubeCL does not list plane ops for CPU devices, but
+    ///   lavapipe runs them (`cargo xtask kernel-test` checks the variant on the device);
+    /// - a GPU with plane ops and a fixed plane width: a plane per row with a plane sum;
+    /// - otherwise 8 lanes per row with a shared-memory reduction, except on CubeCL's SPIR-V
+    ///   path, whose shared-memory kernels fail `spirv-val`: one unit per row there.
     pub fn for_client(client: &Client) -> Self {
         let props = client.properties();
         let hw = &props.hardware;
-        let fixed = hw.plane_size_min == hw.plane_size_max && hw.plane_size_max.is_power_of_two();
-        if client.features().plane.contains(Plane::Ops) && fixed && hw.plane_size_max <= 64 {
+        let fixed = hw.plane_size_min == hw.plane_size_max
+            && hw.plane_size_max.is_power_of_two()
+            && hw.plane_size_max <= 32;
+        if props.identity.physical.is_none() {
+            let width = hw.plane_size_max;
+            if fixed && (2..=MAX_OWN_ROWS_PLANE).contains(&width) {
+                GemvConfig::OwnRows {
+                    rows_per_unit: 8,
+                    lanes: width,
+                    plane: true,
+                }
+            } else {
+                Self::OWN_ROWS
+            }
+        } else if client.features().plane.contains(Plane::Ops) && fixed {
             let lanes = hw.plane_size_max;
-            GemvConfig {
+            GemvConfig::Split {
                 lanes,
                 rows_per_cube: (256 / lanes).clamp(1, 8),
                 plane: true,
@@ -231,44 +274,203 @@ impl GemvConfig {
         }
     }
 
-    /// One unit per row, 64 rows per cube.
-    pub const ROW_PER_UNIT: GemvConfig = GemvConfig {
+    /// One unit per row, 64 rows per cube, no staging.
+    pub const ROW_PER_UNIT: GemvConfig = GemvConfig::Split {
         lanes: 1,
         rows_per_cube: 64,
         plane: false,
     };
     /// 8 lanes per row reduced in shared memory, 8 rows per cube.
-    pub const SHARED: GemvConfig = GemvConfig {
+    pub const SHARED: GemvConfig = GemvConfig::Split {
         lanes: 8,
         rows_per_cube: 8,
         plane: false,
     };
-
     /// 8 lanes per row reduced in shared memory, one row per cube (wide rows; many cubes).
-    pub const SHARED_ONE_ROW: GemvConfig = GemvConfig {
+    pub const SHARED_ONE_ROW: GemvConfig = GemvConfig::Split {
         lanes: 8,
         rows_per_cube: 1,
         plane: false,
     };
+    /// Own rows, 8 per unit, 8 units per cube, no plane ops: runs on every device.
+    pub const OWN_ROWS: GemvConfig = GemvConfig::OwnRows {
+        rows_per_unit: 8,
+        lanes: 8,
+        plane: false,
+    };
 
-    /// The variants `device` can run: [`Self::ROW_PER_UNIT`], [`Self::SHARED`] and
-    /// [`Self::SHARED_ONE_ROW`] (not on the SPIR-V path), and the plane variant where the device
-    /// has plane ops with a fixed width.
+    /// The variants `device` can run: [`Self::ROW_PER_UNIT`], [`Self::OWN_ROWS`],
+    /// [`Self::SHARED`] and [`Self::SHARED_ONE_ROW`] (not on the SPIR-V path), the plane
+    /// split variant where the device has plane ops with a fixed width, and the variant
+    /// [`Self::for_client`] picks.
     pub fn variants(client: &Client) -> Vec<GemvConfig> {
-        let mut v = vec![Self::ROW_PER_UNIT];
+        let mut v = vec![Self::ROW_PER_UNIT, Self::OWN_ROWS];
         if shared_memory_ok(client) {
             v.extend([Self::SHARED, Self::SHARED_ONE_ROW]);
         }
         let hw = &client.properties().hardware;
         if client.features().plane.contains(Plane::Ops) && hw.plane_size_min == hw.plane_size_max {
             let lanes = hw.plane_size_max;
-            v.push(GemvConfig {
+            v.push(GemvConfig::Split {
                 lanes,
                 rows_per_cube: (256 / lanes).clamp(1, 8),
                 plane: true,
             });
         }
+        let chosen = Self::for_client(client);
+        if !v.contains(&chosen) {
+            v.push(chosen);
+        }
         v
+    }
+
+    /// The activation row counts that exercise every code path of this variant: all of
+    /// `1..=MAX_GEMV_ROWS` for the split layout; for own rows 1, a full pass of
+    /// [`gemv::OWN_ROWS_M`] rows, a pass plus a remainder and the most (its passes are the
+    /// same code at other offsets, and each `m` is a separate, slowly compiled shader).
+    pub fn test_rows(self) -> Vec<usize> {
+        match self {
+            GemvConfig::Split { .. } => (1..=MAX_GEMV_ROWS).collect(),
+            GemvConfig::OwnRows { .. } => {
+                let g = gemv::OWN_ROWS_M as usize;
+                let mut v = vec![1, g, g + 1, MAX_GEMV_ROWS];
+                v.dedup();
+                v
+            }
+        }
+    }
+
+    /// Rows each unit owns (1 for the split layout, where units share rows).
+    pub fn rows_per_unit(self) -> u32 {
+        match self {
+            GemvConfig::Split { .. } => 1,
+            GemvConfig::OwnRows { rows_per_unit, .. } => rows_per_unit,
+        }
+    }
+
+    /// The cube shape of a launch.
+    pub fn cube_dim(self) -> CubeDim {
+        match self {
+            GemvConfig::Split {
+                lanes,
+                rows_per_cube,
+                ..
+            } => CubeDim::new_2d(lanes, rows_per_cube),
+            GemvConfig::OwnRows { lanes, .. } => CubeDim::new_1d(lanes),
+        }
+    }
+
+    /// Output rows one cube computes.
+    pub fn rows_per_cube(self) -> u32 {
+        match self {
+            GemvConfig::Split { rows_per_cube, .. } => rows_per_cube,
+            GemvConfig::OwnRows {
+                rows_per_unit,
+                lanes,
+                ..
+            } => lanes * rows_per_unit,
+        }
+    }
+
+    /// The kernel's comptime layout arguments `(lanes, rows_per_cube, plane)` of
+    /// [`gemv::gemv`] (split) or `(lanes, rows_per_unit, plane)` of [`gemv::gemv_rows`] (own
+    /// rows).
+    pub fn kernel_args(self) -> (u32, u32, bool) {
+        match self {
+            GemvConfig::Split {
+                lanes,
+                rows_per_cube,
+                plane,
+            } => (lanes, rows_per_cube, plane),
+            GemvConfig::OwnRows {
+                rows_per_unit,
+                lanes,
+                plane,
+            } => (lanes, rows_per_unit, plane),
+        }
+    }
+
+    /// A short name: `split-l8-r8-smem`, `split-l32-r8-plane` (lanes per row, rows per cube),
+    /// `own-r8-l8-plane`, `own-r8-l8` (rows per unit, lanes per cube).
+    pub fn name(self) -> String {
+        match self {
+            GemvConfig::Split {
+                lanes,
+                rows_per_cube,
+                plane,
+            } => format!(
+                "split-l{lanes}-r{rows_per_cube}-{}",
+                if plane { "plane" } else { "smem" }
+            ),
+            GemvConfig::OwnRows {
+                rows_per_unit,
+                lanes,
+                plane,
+            } => format!(
+                "own-r{rows_per_unit}-l{lanes}{}",
+                if plane { "-plane" } else { "" }
+            ),
+        }
+    }
+}
+
+impl std::str::FromStr for GemvConfig {
+    type Err = String;
+
+    /// Parses [`GemvConfig::name`]'s form (`split-l8-r8-smem`, `split-l32-r8-plane`,
+    /// `own-r8-l8-plane`, `own-r8-l8`), and the aliases `row-per-unit`, `shared`, `shared-one-row` and `own-rows`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "unknown GEMV variant '{s}' (split-l<lanes>-r<rows per cube>-smem|plane, \
+                 own-r<rows per unit>-l<lanes>[-plane], row-per-unit, shared, shared-one-row, \
+                 own-rows)"
+            )
+        };
+        let num = |part: Option<&str>, prefix: char| -> Result<u32, String> {
+            part.and_then(|p| p.strip_prefix(prefix))
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|n| (1..=1024).contains(n))
+                .ok_or_else(bad)
+        };
+        match s {
+            "row-per-unit" => return Ok(Self::ROW_PER_UNIT),
+            "shared" => return Ok(Self::SHARED),
+            "shared-one-row" => return Ok(Self::SHARED_ONE_ROW),
+            "own-rows" => return Ok(Self::OWN_ROWS),
+            _ => {}
+        }
+        let mut parts = s.split('-');
+        let config = match parts.next() {
+            Some("split") => {
+                let lanes = num(parts.next(), 'l')?;
+                let rows_per_cube = num(parts.next(), 'r')?;
+                let plane = match parts.next() {
+                    Some("plane") => true,
+                    Some("smem") => false,
+                    _ => return Err(bad()),
+                };
+                GemvConfig::Split {
+                    lanes,
+                    rows_per_cube,
+                    plane,
+                }
+            }
+            Some("own") => GemvConfig::OwnRows {
+                rows_per_unit: num(parts.next(), 'r')?,
+                lanes: num(parts.next(), 'l')?,
+                plane: match parts.next() {
+                    Some("plane") => true,
+                    None => false,
+                    Some(_) => return Err(bad()),
+                },
+            },
+            _ => return Err(bad()),
+        };
+        match parts.next() {
+            None => Ok(config),
+            Some(_) => Err(bad()),
+        }
     }
 }
 
@@ -328,7 +530,7 @@ fn check_words(
 ) -> Result<(), KernelError> {
     let need = rows
         .checked_mul(row_bytes)
-        .filter(|b| *b <= u32::MAX as usize - 8)
+        .filter(|b| *b <= u32::MAX as usize - PAD_BYTES)
         .ok_or_else(|| {
             shape_err(
                 op,
@@ -391,21 +593,68 @@ pub fn launch_gemv(
             format!("y has {} values, {m} x {rows} needed", y.len()),
         ));
     }
-    let cubes = (rows as u32).div_ceil(config.rows_per_cube);
+    let cubes = (rows as u32).div_ceil(config.rows_per_cube());
     let count = cube_count_for(cubes);
-    let dim = CubeDim::new_2d(config.lanes, config.rows_per_cube);
+    let dim = config.cube_dim();
+    let (a, b, plane) = config.kernel_args();
+    if let GemvConfig::OwnRows { lanes, .. } = config {
+        if plane && lanes > MAX_OWN_ROWS_PLANE {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "own-rows variant {} shares activations across at most \
+                     {MAX_OWN_ROWS_PLANE} lanes",
+                    config.name()
+                ),
+            ));
+        }
+        // The own-rows kernel reads `w` and `x` as 4-element vectors.
+        if !w.len().is_multiple_of(4) {
+            return Err(shape_err(
+                OP,
+                format!("weight buffer of {} words is not whole 4-word vectors", w.len()),
+            ));
+        }
+        let (w, x) = (as_vec4(w)?, as_vec4(x)?);
+        return with_format!(ty, F => {
+            // SAFETY: as below, and the staging's vector loads end at most 7 words past the
+            // last row's data, inside the words_len padding checked above.
+            unsafe {
+                gemv::gemv_rows::launch_unchecked::<F>(
+                    client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32, a, plane,
+                    b,
+                )
+            };
+            Ok(())
+        }, Err(KernelError::Unsupported(ty)));
+    }
     with_format!(ty, F => {
         // SAFETY: every index the kernel forms is below the lengths checked above: chunk reads stay
         // inside `rows * row_bytes` bytes (+1 padding word), grid reads below the table's length
         // (indices are masked to its size), x reads below m * cols, writes below m * rows.
         unsafe {
             gemv::gemv::launch_unchecked::<F>(
-                client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32,
-                config.lanes, config.rows_per_cube, config.plane,
+                client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32, a, b,
+                plane,
             )
         };
         Ok(())
     }, Err(KernelError::Unsupported(ty)))
+}
+
+/// The same buffer declared as 4-element vectors (its length divided by 4).
+fn as_vec4(arg: BufferArg) -> Result<BufferArg, KernelError> {
+    let len = arg.len();
+    match arg {
+        // SAFETY: the same memory, a quarter as many elements of four times the size.
+        BufferArg::Handle { handle } => Ok(unsafe {
+            BufferArg::from_raw_parts_binding(handle.handle, len / 4)
+        }),
+        BufferArg::Alias { .. } => Err(shape_err(
+            "gemv",
+            "an aliased buffer cannot be read as vectors".into(),
+        )),
+    }
 }
 
 /// `out[t, :] = W[ids[t] - row_start, :]` dequantized to f32 when `ids[t]` lies in

@@ -84,11 +84,20 @@ pub fn source(
     );
     let one = CubeCount::Static(1, 1, 1);
     let definition = with_format!(ty, F => match variant {
-        Variant::Gemv { config, m } => gemv::gemv::create_dummy_kernel::<F>(
-            props, target_props, one, CubeDim::new_2d(config.lanes, config.rows_per_cube),
-            arg(), arg(), arg(), arg(), 1u32, F::BLOCK_ELEMS, m, config.lanes, config.rows_per_cube,
-            config.plane,
-        ).define(),
+        Variant::Gemv { config: config @ GemvConfig::Split { .. }, m } => {
+            let (lanes, rows_per_cube, plane) = config.kernel_args();
+            gemv::gemv::create_dummy_kernel::<F>(
+                props, target_props, one, config.cube_dim(), arg(), arg(), arg(), arg(), 1u32,
+                F::BLOCK_ELEMS, m, lanes, rows_per_cube, plane,
+            ).define()
+        }
+        Variant::Gemv { config: config @ GemvConfig::OwnRows { .. }, m } => {
+            let (lanes, own_rows, plane) = config.kernel_args();
+            gemv::gemv_rows::create_dummy_kernel::<F>(
+                props, target_props, one, config.cube_dim(), arg(), arg(), arg(), arg(), 1u32,
+                F::BLOCK_ELEMS, m, lanes, plane, own_rows,
+            ).define()
+        }
         Variant::DequantizeRows => dequantize::dequantize_rows::create_dummy_kernel::<F>(
             props, target_props, one, CubeDim::new_1d(64), arg(), arg(), arg(), arg(), 0u32, 1u32,
             F::BLOCK_ELEMS,

@@ -1,7 +1,7 @@
 //! Reading a little-endian byte stream that lives on the device as `u32` words.
 //!
-//! A GGUF tensor is uploaded unchanged, padded with zeros to a whole number of words plus one
-//! extra word (see [`crate::words_for_bytes`]). Most ggml block sizes are not multiples of 4
+//! A GGUF tensor is uploaded unchanged, padded with zeros to whole 4-word vectors with a few
+//! spare words (see [`crate::words_for_bytes`]). Most ggml block sizes are not multiples of 4
 //! (Q8_0 is 34 bytes, Q5_0 22, Q6_K 210), so block fields start at any byte offset: these helpers
 //! turn a byte address into word loads and shifts. WGSL has no 8/16-bit storage types, so this is
 //! the only portable way to read them; fp16 scales are decoded from their bits in the same way, so

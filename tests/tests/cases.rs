@@ -188,7 +188,7 @@ fn c29_more_than_65535_workgroups() {
     let values = burn_gguf_tests::rand_vec(rows * cols, 30);
     let bytes = ggml_codec::quantize_q8_0(&values);
     let reference = ggml_codec::dequantize_to_vec(GgmlType::Q8_0, &bytes, rows * cols).unwrap();
-    let config = GemvConfig {
+    let config = GemvConfig::Split {
         lanes: 1,
         rows_per_cube: 4,
         plane: false,

@@ -16,22 +16,30 @@ use std::process::Command;
 /// is generated everywhere.
 fn variants(client: &cubecl::client::Client) -> Vec<(String, Variant)> {
     let mut configs = GemvConfig::variants(client);
-    if !configs.iter().any(|c| c.plane) {
-        configs.push(GemvConfig {
+    if !configs
+        .iter()
+        .any(|c| matches!(c, GemvConfig::Split { plane: true, .. }))
+    {
+        configs.push(GemvConfig::Split {
             lanes: 32,
             rows_per_cube: 8,
+            plane: true,
+        });
+    }
+    if !configs
+        .iter()
+        .any(|c| matches!(c, GemvConfig::OwnRows { plane: true, .. }))
+    {
+        configs.push(GemvConfig::OwnRows {
+            rows_per_unit: 8,
+            lanes: 8,
             plane: true,
         });
     }
     let mut out = vec![("dequantize_rows".to_string(), Variant::DequantizeRows)];
     for config in configs {
         for m in 1..=ggml_kernels::MAX_GEMV_ROWS as u32 {
-            let name = format!(
-                "gemv_l{}_r{}_{}_m{m}",
-                config.lanes,
-                config.rows_per_cube,
-                if config.plane { "plane" } else { "smem" }
-            );
+            let name = format!("gemv_{}_m{m}", config.name().replace('-', "_"));
             out.push((name, Variant::Gemv { config, m }));
         }
     }

@@ -102,14 +102,11 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
         }
         if wants("gemv") {
             for config in GemvConfig::variants(&client) {
-                for m in 1..=ggml_kernels::MAX_GEMV_ROWS {
+                for m in config.test_rows() {
                     let x = rand_f32(m * cols, m as u64);
                     let e = gemv_error(&client, t, &bytes, rows, cols, config, &x, &reference)
                         .map_err(|e| e.to_string());
-                    let v = format!(
-                        "{t} gemv lanes={} rows/cube={} plane={} m={m}",
-                        config.lanes, config.rows_per_cube, config.plane
-                    );
+                    let v = format!("{t} gemv {} m={m}", config.name());
                     push(v, format!("{m}x{cols} . {rows}x{cols}"), e);
                 }
             }

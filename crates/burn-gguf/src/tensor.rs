@@ -142,7 +142,7 @@ impl GgmlTensor {
     }
 
     /// [`GgmlTensor::from_bytes`] with buffers of at most `max_buffer` bytes (rows are never split;
-    /// each buffer also holds one padding word).
+    /// each buffer also holds up to `ggml_kernels::PAD_BYTES` of padding).
     ///
     /// # Errors
     /// As [`GgmlTensor::from_bytes`], and [`Error::Shape`] when one row does not fit `max_buffer`.
@@ -219,7 +219,7 @@ impl GgmlTensor {
         let row_bytes = ggml_type
             .row_bytes(cols as u64)
             .map_err(|e| Error::Shape(e.to_string()))? as usize;
-        let rows_per_part = max_buffer.saturating_sub(8) / row_bytes;
+        let rows_per_part = max_buffer.saturating_sub(ggml_kernels::PAD_BYTES) / row_bytes;
         if rows_per_part == 0 {
             return Err(Error::Shape(format!(
                 "one row of {row_bytes} bytes exceeds the device's {max_buffer}-byte buffers"
