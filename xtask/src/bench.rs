@@ -640,7 +640,8 @@ pub fn run(opts: &Options) -> Result<(), String> {
     }
     print_caches(&caches);
     println!(
-        "timing: one warm-up call, then repeats for at least {} s and {} calls; mean per call\n",
+        "timing: one warm-up call, then {ROUNDS} rounds of repeats for at least {} s and {} calls; \
+         the least round mean per call\n",
         budget.min_s, budget.min_iters
     );
 
