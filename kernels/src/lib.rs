@@ -593,6 +593,10 @@ pub fn launch_gemv(
             format!("y has {} values, {m} x {rows} needed", y.len()),
         ));
     }
+    if rows == 0 {
+        // Nothing to compute (and the own-rows kernel clamps rows to `rows - 1`).
+        return Ok(());
+    }
     let cubes = (rows as u32).div_ceil(config.rows_per_cube());
     let count = cube_count_for(cubes);
     let dim = config.cube_dim();
