@@ -149,7 +149,20 @@ pub fn gemv_rows<F: BlockDecode>(
     let full = comptime!(m / mg);
     let rest = comptime!(m % mg);
     for gi in 0..full {
-        rows_act_group::<F>(w, grid, x, y, rows, cols, first, gi * mg, mg, lanes, plane, own_rows);
+        rows_act_group::<F>(
+            w,
+            grid,
+            x,
+            y,
+            rows,
+            cols,
+            first,
+            gi * mg,
+            mg,
+            lanes,
+            plane,
+            own_rows,
+        );
     }
     if comptime!(rest > 0) {
         rows_act_group::<F>(

@@ -340,14 +340,6 @@ impl GemvConfig {
         }
     }
 
-    /// Rows each unit owns (1 for the split layout, where units share rows).
-    pub fn rows_per_unit(self) -> u32 {
-        match self {
-            GemvConfig::Split { .. } => 1,
-            GemvConfig::OwnRows { rows_per_unit, .. } => rows_per_unit,
-        }
-    }
-
     /// The cube shape of a launch.
     pub fn cube_dim(self) -> CubeDim {
         match self {
@@ -616,7 +608,10 @@ pub fn launch_gemv(
         if !w.len().is_multiple_of(4) {
             return Err(shape_err(
                 OP,
-                format!("weight buffer of {} words is not whole 4-word vectors", w.len()),
+                format!(
+                    "weight buffer of {} words is not whole 4-word vectors",
+                    w.len()
+                ),
             ));
         }
         let (w, x) = (as_vec4(w)?, as_vec4(x)?);
@@ -651,9 +646,9 @@ fn as_vec4(arg: BufferArg) -> Result<BufferArg, KernelError> {
     let len = arg.len();
     match arg {
         // SAFETY: the same memory, a quarter as many elements of four times the size.
-        BufferArg::Handle { handle } => Ok(unsafe {
-            BufferArg::from_raw_parts_binding(handle.handle, len / 4)
-        }),
+        BufferArg::Handle { handle } => {
+            Ok(unsafe { BufferArg::from_raw_parts_binding(handle.handle, len / 4) })
+        }
         BufferArg::Alias { .. } => Err(shape_err(
             "gemv",
             "an aliased buffer cannot be read as vectors".into(),

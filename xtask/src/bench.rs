@@ -124,7 +124,9 @@ fn named_variant(client: &Client, name: &str) -> Result<GemvConfig, String> {
     };
     let shared = matches!(config, GemvConfig::Split { lanes, plane: false, .. } if lanes > 1);
     if shared && !ggml_kernels::shared_memory_ok(client) {
-        return Err(format!("variant '{name}' needs shared memory, which this compiler lacks"));
+        return Err(format!(
+            "variant '{name}' needs shared memory, which this compiler lacks"
+        ));
     }
     Ok(config)
 }
