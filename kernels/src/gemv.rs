@@ -1,6 +1,10 @@
 //! Fused dequantize + GEMV: `y[r, n] = sum_k x[r, k] * W[n, k]` for 1..=8 activation rows,
 //! weights read once straight from their ggml blocks.
 //!
+//! The row count `m` is a runtime argument; the unrolled code holds a compile-time `m_pass`
+//! rows ([`crate::GemvConfig::pass_rows`]), so a handful of shaders per type serve every `m`:
+//! rows past `m` in a pass repeat row `m - 1` (in bounds) and are not stored.
+//!
 //! Two ways of mapping units to rows, one kernel each, both generic over the one block decoder
 //! of each type ([`crate::GemvConfig`] picks one per device):
 //!
@@ -26,7 +30,7 @@ use cubecl::prelude::*;
 
 /// The GEMV kernel. `x` is `[m, cols]` row-major f32, `y` is `[m, rows]`, `w` holds `rows`
 /// rows of `cols / BLOCK_ELEMS` blocks each, plus padding ([`crate::words_len`]); `grid` is the
-/// type's codebook. The split layout (see the module docs).
+/// type's codebook. The split layout (see the module docs), one pass of `m_pass >= m` rows.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv<F: BlockDecode>(
@@ -36,7 +40,8 @@ pub fn gemv<F: BlockDecode>(
     y: &mut [f32],
     rows: u32,
     cols: u32,
-    #[comptime] m: u32,
+    m: u32,
+    #[comptime] m_pass: u32,
     #[comptime] lanes: u32,
     #[comptime] rows_per_cube: u32,
     #[comptime] plane: bool,
@@ -52,9 +57,9 @@ pub fn gemv<F: BlockDecode>(
     let n_chunks = select(row < rows, blocks * chunks, 0u32);
     let row_byte = row * blocks * block_bytes;
 
-    let mut acc = Array::<f32>::new(comptime!(m as usize));
+    let mut acc = Array::<f32>::new(comptime!(m_pass as usize));
     #[unroll]
-    for r in 0..m {
+    for r in 0..m_pass {
         acc[r as usize] = 0.0;
     }
     let mut vals = Array::<f32>::new(comptime!(CHUNK_ELEMS as usize));
@@ -65,8 +70,9 @@ pub fn gemv<F: BlockDecode>(
         F::decode_chunk(w, grid, row_byte + b * block_bytes, k, &mut vals);
         let xb = b * block_elems + k * comptime!(CHUNK_ELEMS);
         #[unroll]
-        for r in 0..m {
-            let xo = r * cols + xb;
+        for r in 0..m_pass {
+            // Rows past `m` (padding up to `m_pass`) repeat the last row and are not stored.
+            let xo = select(r < m, r, m - 1) * cols + xb;
             let mut s = 0.0f32;
             #[unroll]
             for j in 0..comptime!(CHUNK_ELEMS) {
@@ -81,39 +87,44 @@ pub fn gemv<F: BlockDecode>(
         // One unit per row: the partial is the row's sum.
         if row < rows {
             #[unroll]
-            for r in 0..m {
-                y[(r * rows + row) as usize] = acc[r as usize];
+            for r in 0..m_pass {
+                if r < m {
+                    y[(r * rows + row) as usize] = acc[r as usize];
+                }
             }
         }
     } else if comptime!(plane) {
         #[unroll]
-        for r in 0..m {
+        for r in 0..m_pass {
             let total = plane_sum(acc[r as usize]);
-            if lane == 0 && row < rows {
+            if lane == 0 && row < rows && r < m {
                 y[(r * rows + row) as usize] = total;
             }
         }
     } else {
-        // One barrier: every lane stores its m partials, then lane 0 of each row adds them up
+        // One barrier: every lane stores its partials, then lane 0 of each row adds them up
         // (fewer barriers than a tree reduction, which matters on lavapipe where a barrier
         // splits the shader).
-        let mut smem = Shared::<[f32]>::new_slice(comptime!((m * lanes * rows_per_cube) as usize));
+        let mut smem =
+            Shared::<[f32]>::new_slice(comptime!((m_pass * lanes * rows_per_cube) as usize));
         let base = UNIT_POS_Y * lanes;
         let stride = comptime!(lanes * rows_per_cube);
         #[unroll]
-        for r in 0..m {
+        for r in 0..m_pass {
             smem[(r * stride + base + lane) as usize] = acc[r as usize];
         }
         sync_cube();
         if lane == 0 && row < rows {
             #[unroll]
-            for r in 0..m {
-                let mut total = 0.0f32;
-                #[unroll]
-                for l in 0..lanes {
-                    total += smem[(r * stride + base + l) as usize];
+            for r in 0..m_pass {
+                if r < m {
+                    let mut total = 0.0f32;
+                    #[unroll]
+                    for l in 0..lanes {
+                        total += smem[(r * stride + base + l) as usize];
+                    }
+                    y[(r * rows + row) as usize] = total;
                 }
-                y[(r * rows + row) as usize] = total;
             }
         }
     }
@@ -126,6 +137,7 @@ pub type Vec4<T> = Vector<T, Const<4>>;
 /// padded to whole vectors, [`crate::words_len`]), `x` is `[m, cols]` f32 as 4-float vectors, `y`
 /// is `[m, rows]`. Unit `l` of cube `c` owns rows `c * lanes * own_rows + j * lanes + l` for
 /// `j < own_rows` (CubeDim `(lanes, 1)`); with `plane`, `lanes` is the device's plane width.
+/// Activation rows go in `ceil(m / m_pass)` passes.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_rows<F: BlockDecode>(
@@ -135,7 +147,8 @@ pub fn gemv_rows<F: BlockDecode>(
     y: &mut [f32],
     rows: u32,
     cols: u32,
-    #[comptime] m: u32,
+    m: u32,
+    #[comptime] m_pass: u32,
     #[comptime] lanes: u32,
     #[comptime] plane: bool,
     #[comptime] own_rows: u32,
@@ -143,50 +156,22 @@ pub fn gemv_rows<F: BlockDecode>(
     let lane = UNIT_POS_X;
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
     let first = cube * comptime!(lanes * own_rows) + lane;
-    // Activation rows in groups of at most OWN_ROWS_M (the unrolled code and the registers it
-    // holds grow with the group); each group reads the weights once.
-    let mg = comptime!(if m < OWN_ROWS_M { m } else { OWN_ROWS_M });
-    let full = comptime!(m / mg);
-    let rest = comptime!(m % mg);
-    for gi in 0..full {
+    // Activation rows in passes of `m_pass` (the unrolled code and the registers it holds grow
+    // with it); each pass reads the weights once.
+    let mut r0 = 0u32;
+    while r0 < m {
         rows_act_group::<F>(
-            w,
-            grid,
-            x,
-            y,
-            rows,
-            cols,
-            first,
-            gi * mg,
-            mg,
-            lanes,
-            plane,
-            own_rows,
+            w, grid, x, y, rows, cols, m, first, r0, m_pass, lanes, plane, own_rows,
         );
-    }
-    if comptime!(rest > 0) {
-        rows_act_group::<F>(
-            w,
-            grid,
-            x,
-            y,
-            rows,
-            cols,
-            first,
-            comptime!(full * mg),
-            rest,
-            lanes,
-            plane,
-            own_rows,
-        );
+        r0 += m_pass;
     }
 }
 
-/// Activation rows one pass of [`gemv_rows`] takes at most; more take further passes, each
+/// Activation rows one pass of [`gemv_rows`] takes for `m >= 2`; more take further passes, each
 /// reading the weights again.
 pub const OWN_ROWS_M: u32 = 2;
 
-/// `y[r0..r0 + m]` for the unit's rows.
+/// `y[r0..r0 + m_pass]` (those below `m`) for the unit's rows.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn rows_act_group<F: BlockDecode>(
@@ -196,31 +181,32 @@ fn rows_act_group<F: BlockDecode>(
     y: &mut [f32],
     rows: u32,
     cols: u32,
+    m: u32,
     first: u32,
     r0: u32,
-    #[comptime] m: u32,
+    #[comptime] m_pass: u32,
     #[comptime] lanes: u32,
     #[comptime] plane: bool,
     #[comptime] own_rows: u32,
 ) {
     let blocks = cols / comptime!(F::BLOCK_ELEMS);
     let row_bytes = blocks * comptime!(F::BLOCK_BYTES);
-    let mut acc = Array::<f32>::new(comptime!((m * own_rows) as usize));
+    let mut acc = Array::<f32>::new(comptime!((m_pass * own_rows) as usize));
     #[unroll]
-    for i in 0..comptime!(m * own_rows) {
+    for i in 0..comptime!(m_pass * own_rows) {
         acc[i as usize] = 0.0;
     }
     // Whole groups of STAGE_BLOCKS blocks, then (when the row has a remainder) single blocks.
     let group = comptime!(F::STAGE_BLOCKS);
     let grouped = blocks / group * group;
     rows_blocks::<F>(
-        w, grid, x, &mut acc, rows, cols, row_bytes, first, r0, 0, grouped, m, lanes, plane,
-        own_rows, group,
+        w, grid, x, &mut acc, rows, cols, m, row_bytes, first, r0, 0, grouped, m_pass, lanes,
+        plane, own_rows, group,
     );
     if comptime!(group > 1) {
         rows_blocks::<F>(
-            w, grid, x, &mut acc, rows, cols, row_bytes, first, r0, grouped, blocks, m, lanes,
-            plane, own_rows, 1u32,
+            w, grid, x, &mut acc, rows, cols, m, row_bytes, first, r0, grouped, blocks, m_pass,
+            lanes, plane, own_rows, 1u32,
         );
     }
     #[unroll]
@@ -228,15 +214,18 @@ fn rows_act_group<F: BlockDecode>(
         let row = first + j * lanes;
         if row < rows {
             #[unroll]
-            for r in 0..m {
-                y[((r0 + r) * rows + row) as usize] = acc[(j * m + r) as usize];
+            for r in 0..m_pass {
+                if r0 + r < m {
+                    y[((r0 + r) * rows + row) as usize] = acc[(j * m_pass + r) as usize];
+                }
             }
         }
     }
 }
 
 /// Accumulates blocks `start..end` (a multiple of `group` apart) of the unit's rows, for
-/// activation rows `r0..r0 + m`, into `acc` (`[own_rows, m]`), `group` blocks per step.
+/// activation rows `r0..r0 + m_pass`, into `acc` (`[own_rows, m_pass]`), `group` blocks per
+/// step; rows at or past `m` repeat row `m - 1` (in bounds; the caller does not store them).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn rows_blocks<F: BlockDecode>(
@@ -246,12 +235,13 @@ fn rows_blocks<F: BlockDecode>(
     acc: &mut Array<f32>,
     rows: u32,
     cols: u32,
+    m: u32,
     row_bytes: u32,
     first: u32,
     r0: u32,
     start: u32,
     end: u32,
-    #[comptime] m: u32,
+    #[comptime] m_pass: u32,
     #[comptime] lanes: u32,
     #[comptime] plane: bool,
     #[comptime] own_rows: u32,
@@ -267,7 +257,7 @@ fn rows_blocks<F: BlockDecode>(
     let held = comptime!(step_elems / 4 / share);
     let words = comptime!((group * F::BLOCK_BYTES).div_ceil(4));
     let align = comptime!(stage_alignment(F::BLOCK_BYTES));
-    let mut xs = Array::<f32>::new(comptime!((m * step_elems) as usize));
+    let mut xs = Array::<f32>::new(comptime!((m_pass * step_elems) as usize));
     let mut staged = Array::<u32>::new(comptime!((words + 1) as usize));
     staged[words as usize] = 0;
     let mut vals = Array::<f32>::new(comptime!(CHUNK_ELEMS as usize));
@@ -282,10 +272,11 @@ fn rows_blocks<F: BlockDecode>(
         // loaded by lane `v % share`), once for all of the unit's rows.
         let xv = (b * block_elems) / 4;
         #[unroll]
-        for r in 0..m {
+        for r in 0..m_pass {
+            let xr = select(r0 + r < m, r0 + r, m - 1);
             #[unroll]
             for i in 0..held {
-                let v = x[((r0 + r) * (cols / 4) + xv + lane_off + i * share) as usize];
+                let v = x[(xr * (cols / 4) + xv + lane_off + i * share) as usize];
                 #[unroll]
                 for c in 0..4u32 {
                     let e = comptime!(4 * i * share + c);
@@ -321,9 +312,9 @@ fn rows_blocks<F: BlockDecode>(
                 words,
                 align,
             );
-            let mut sums = Array::<f32>::new(comptime!(m as usize));
+            let mut sums = Array::<f32>::new(comptime!(m_pass as usize));
             #[unroll]
-            for r in 0..m {
+            for r in 0..m_pass {
                 sums[r as usize] = 0.0;
             }
             #[unroll]
@@ -339,7 +330,7 @@ fn rows_blocks<F: BlockDecode>(
                     );
                     let e0 = comptime!(g * block_elems + k * CHUNK_ELEMS);
                     #[unroll]
-                    for r in 0..m {
+                    for r in 0..m_pass {
                         // Four independent chains: the adds do not wait on each other's
                         // latency (the split kernel sums in order; both are within GEMV_TOL).
                         let mut s = Array::<f32>::new(4usize);
@@ -357,8 +348,8 @@ fn rows_blocks<F: BlockDecode>(
                 }
             }
             #[unroll]
-            for r in 0..m {
-                acc[(j * m + r) as usize] += sums[r as usize];
+            for r in 0..m_pass {
+                acc[(j * m_pass + r) as usize] += sums[r as usize];
             }
         }
         b += group;

@@ -324,20 +324,44 @@ impl GemvConfig {
         v
     }
 
-    /// The activation row counts that exercise every code path of this variant: all of
-    /// `1..=MAX_GEMV_ROWS` for the split layout; for own rows 1, a full pass of
-    /// [`gemv::OWN_ROWS_M`] rows, a pass plus a remainder and the most (its passes are the
-    /// same code at other offsets, and each `m` is a separate, slowly compiled shader).
-    pub fn test_rows(self) -> Vec<usize> {
+    /// The rows the unrolled code of one pass holds for `m` activation rows (the kernels'
+    /// comptime `m_pass`; each value is one shader): the split layout takes all rows in one
+    /// pass, padded to a power of two (1, 2, 4, 8: on a GPU the padding costs arithmetic, not
+    /// weight reads); own rows take one row alone, else passes of [`gemv::OWN_ROWS_M`].
+    pub fn pass_rows(self, m: usize) -> u32 {
+        let m = m.clamp(1, MAX_GEMV_ROWS) as u32;
         match self {
-            GemvConfig::Split { .. } => (1..=MAX_GEMV_ROWS).collect(),
+            GemvConfig::Split { .. } => m.next_power_of_two(),
+            GemvConfig::OwnRows { .. } if m == 1 => 1,
+            GemvConfig::OwnRows { .. } => gemv::OWN_ROWS_M,
+        }
+    }
+
+    /// Every distinct [`Self::pass_rows`] for `1..=MAX_GEMV_ROWS`: the shaders of this variant.
+    pub fn pass_widths(self) -> Vec<u32> {
+        let mut v: Vec<u32> = (1..=MAX_GEMV_ROWS).map(|m| self.pass_rows(m)).collect();
+        v.dedup();
+        v
+    }
+
+    /// The activation row counts that exercise every code path of this variant: for each
+    /// pass width a full pass, one with padded rows where there is one (split: 1, 2, 3, 4, 5,
+    /// 8; own rows: 1, 2, 3 and 8, several passes).
+    pub fn test_rows(self) -> Vec<usize> {
+        let mut v: Vec<usize> = match self {
+            GemvConfig::Split { .. } => self
+                .pass_widths()
+                .into_iter()
+                .flat_map(|p| [p as usize / 2 + 1, p as usize])
+                .collect(),
             GemvConfig::OwnRows { .. } => {
                 let g = gemv::OWN_ROWS_M as usize;
-                let mut v = vec![1, g, g + 1, MAX_GEMV_ROWS];
-                v.dedup();
-                v
+                vec![1, g, g + 1, MAX_GEMV_ROWS]
             }
-        }
+        };
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// The cube shape of a launch.
@@ -620,8 +644,8 @@ pub fn launch_gemv(
             // last row's data, inside the words_len padding checked above.
             unsafe {
                 gemv::gemv_rows::launch_unchecked::<F>(
-                    client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32, a, plane,
-                    b,
+                    client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32,
+                    config.pass_rows(m), a, plane, b,
                 )
             };
             Ok(())
@@ -633,8 +657,8 @@ pub fn launch_gemv(
         // (indices are masked to its size), x reads below m * cols, writes below m * rows.
         unsafe {
             gemv::gemv::launch_unchecked::<F>(
-                client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32, a, b,
-                plane,
+                client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32,
+                config.pass_rows(m), a, b, plane,
             )
         };
         Ok(())

@@ -12,8 +12,9 @@ use gguf::GgmlType;
 /// One op of one ggml type with its comptime parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
-    /// Fused GEMV for `m` activation rows.
-    Gemv { config: GemvConfig, m: u32 },
+    /// Fused GEMV whose unrolled code holds `m_pass` activation rows
+    /// ([`GemvConfig::pass_rows`]; it serves every `m` with that pass width).
+    Gemv { config: GemvConfig, m_pass: u32 },
     /// Dequantize rows by id.
     DequantizeRows,
 }
@@ -84,18 +85,18 @@ pub fn source(
     );
     let one = CubeCount::Static(1, 1, 1);
     let definition = with_format!(ty, F => match variant {
-        Variant::Gemv { config: config @ GemvConfig::Split { .. }, m } => {
+        Variant::Gemv { config: config @ GemvConfig::Split { .. }, m_pass } => {
             let (lanes, rows_per_cube, plane) = config.kernel_args();
             gemv::gemv::create_dummy_kernel::<F>(
                 props, target_props, one, config.cube_dim(), arg(), arg(), arg(), arg(), 1u32,
-                F::BLOCK_ELEMS, m, lanes, rows_per_cube, plane,
+                F::BLOCK_ELEMS, m_pass, m_pass, lanes, rows_per_cube, plane,
             ).define()
         }
-        Variant::Gemv { config: config @ GemvConfig::OwnRows { .. }, m } => {
+        Variant::Gemv { config: config @ GemvConfig::OwnRows { .. }, m_pass } => {
             let (lanes, own_rows, plane) = config.kernel_args();
             gemv::gemv_rows::create_dummy_kernel::<F>(
                 props, target_props, one, config.cube_dim(), arg(), arg(), arg(), arg(), 1u32,
-                F::BLOCK_ELEMS, m, lanes, plane, own_rows,
+                F::BLOCK_ELEMS, m_pass, m_pass, lanes, plane, own_rows,
             ).define()
         }
         Variant::DequantizeRows => dequantize::dequantize_rows::create_dummy_kernel::<F>(

@@ -67,14 +67,19 @@ fn c11_tq2_0_bit_planes_on_the_device() {
     });
 }
 
-/// Every variant's WGSL for every type (dequantize-rows, and each GEMV configuration at m = 1
-/// and 8), as the tests' device compiles it.
+/// Every variant's WGSL for every type (dequantize-rows, and each GEMV configuration at every
+/// pass width), as the tests' device compiles it.
 fn every_wgsl() -> Vec<(String, String)> {
     let device = burn_gguf::default_device();
     let client = burn_gguf::cube_client(&device).unwrap();
     let mut variants = vec![Variant::DequantizeRows];
     for config in GemvConfig::variants(&client) {
-        variants.extend([1, 8].map(|m| Variant::Gemv { config, m }));
+        variants.extend(
+            config
+                .pass_widths()
+                .into_iter()
+                .map(|m_pass| Variant::Gemv { config, m_pass }),
+        );
     }
     let mut out = Vec::new();
     for &ty in GgmlType::all()

@@ -11,7 +11,8 @@ use gguf::GgmlType;
 use std::path::Path;
 use std::process::Command;
 
-/// Every op variant: dequantize-rows, and the GEMV for each configuration and `m` in 1..=8.
+/// Every op variant: dequantize-rows, and the GEMV for each configuration and pass width
+/// ([`GemvConfig::pass_widths`]; file names end in `_p<m_pass>`).
 /// The plane GEMV is listed for a 32-wide plane even where this device has none, so its source
 /// is generated everywhere.
 fn variants(client: &cubecl::client::Client) -> Vec<(String, Variant)> {
@@ -38,9 +39,9 @@ fn variants(client: &cubecl::client::Client) -> Vec<(String, Variant)> {
     }
     let mut out = vec![("dequantize_rows".to_string(), Variant::DequantizeRows)];
     for config in configs {
-        for m in 1..=ggml_kernels::MAX_GEMV_ROWS as u32 {
-            let name = format!("gemv_{}_m{m}", config.name().replace('-', "_"));
-            out.push((name, Variant::Gemv { config, m }));
+        for m_pass in config.pass_widths() {
+            let name = format!("gemv_{}_p{m_pass}", config.name().replace('-', "_"));
+            out.push((name, Variant::Gemv { config, m_pass }));
         }
     }
     out
