@@ -331,8 +331,9 @@ fn rows_blocks<F: BlockDecode>(
                     let e0 = comptime!(g * block_elems + k * CHUNK_ELEMS);
                     #[unroll]
                     for r in 0..m_pass {
-                        // Four independent chains: the adds do not wait on each other's
-                        // latency (the split kernel sums in order; both are within GEMV_TOL).
+                        // Four independent chains of fused multiply-adds: the chains do not
+                        // wait on each other's latency (the split kernel sums in order; both
+                        // are within GEMV_TOL).
                         let mut s = Array::<f32>::new(4usize);
                         #[unroll]
                         for q in 0..4u32 {
@@ -341,7 +342,8 @@ fn rows_blocks<F: BlockDecode>(
                         #[unroll]
                         for e in 0..comptime!(CHUNK_ELEMS) {
                             let xe = xs[(r * step_elems + e0 + e) as usize];
-                            s[(e % 4) as usize] += vals[e as usize] * xe;
+                            let q = (e % 4) as usize;
+                            s[q] = fma(vals[e as usize], xe, s[q]);
                         }
                         sums[r as usize] += (s[0] + s[1]) + (s[2] + s[3]);
                     }
@@ -361,9 +363,9 @@ fn rows_blocks<F: BlockDecode>(
 /// buffer starts on a row): 16 (on a vector), 4 (on a word) or 1 (anywhere).
 pub const fn stage_alignment(block_bytes: u32) -> u32 {
     let bytes = block_bytes;
-    if bytes % 16 == 0 {
+    if bytes.is_multiple_of(16) {
         16
-    } else if bytes % 4 == 0 {
+    } else if bytes.is_multiple_of(4) {
         4
     } else {
         1
