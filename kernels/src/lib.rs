@@ -731,3 +731,73 @@ pub fn launch_dequantize_rows(
         Ok(())
     }, Err(KernelError::Unsupported(ty)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIGS: [GemvConfig; 5] = [
+        GemvConfig::ROW_PER_UNIT,
+        GemvConfig::SHARED,
+        GemvConfig::SHARED_ONE_ROW,
+        GemvConfig::OWN_ROWS,
+        GemvConfig::Split {
+            lanes: 32,
+            rows_per_cube: 8,
+            plane: true,
+        },
+    ];
+
+    /// Every row count maps to a pass width the variant lists, one pass holds every row of the
+    /// split layout, and the test rows fill every pass width and pad each one that some row
+    /// count pads.
+    #[test]
+    fn pass_widths_cover_every_row_count() {
+        for config in CONFIGS {
+            let widths = config.pass_widths();
+            let tests = config.test_rows();
+            for m in 1..=MAX_GEMV_ROWS {
+                let p = config.pass_rows(m);
+                assert!(
+                    widths.contains(&p),
+                    "{config:?} m={m}: width {p} not listed"
+                );
+                if let GemvConfig::Split { .. } = config {
+                    assert!(
+                        p as usize >= m && p.is_power_of_two(),
+                        "{config:?} m={m}: {p}"
+                    );
+                }
+            }
+            assert_eq!(
+                config.pass_rows(1),
+                1,
+                "{config:?}: m = 1 is its own shader"
+            );
+            for &p in &widths {
+                assert!(
+                    tests.contains(&(p as usize)),
+                    "{config:?}: no full pass of {p}"
+                );
+                let padded = |m: &usize| config.pass_rows(*m) == p && !m.is_multiple_of(p as usize);
+                if (1..=MAX_GEMV_ROWS).any(|m| padded(&m)) {
+                    assert!(
+                        tests.iter().any(padded),
+                        "{config:?}: no padded pass of {p}"
+                    );
+                }
+            }
+            assert!(tests.contains(&MAX_GEMV_ROWS), "{config:?}");
+        }
+        assert_eq!(GemvConfig::SHARED.pass_widths(), [1, 2, 4, 8]);
+        assert_eq!(GemvConfig::OWN_ROWS.pass_widths(), [1, gemv::OWN_ROWS_M]);
+    }
+
+    #[test]
+    fn variant_names_parse_back() {
+        for config in CONFIGS {
+            assert_eq!(config.name().parse::<GemvConfig>(), Ok(config));
+        }
+        assert!("own-r8".parse::<GemvConfig>().is_err());
+    }
+}
