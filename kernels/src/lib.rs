@@ -240,7 +240,8 @@ impl GemvConfig {
     ///   when the device's plane width is fixed and at most [`MAX_OWN_ROWS_PLANE`] (lavapipe
     ///   on AVX2: 8, its SIMD width). CubeCL does not list plane ops for CPU devices, but
     ///   lavapipe runs them (`cargo xtask kernel-test` checks the variant on the device);
-    /// - a GPU with plane ops and a fixed plane width: a plane per row with a plane sum;
+    /// - a GPU with plane ops and a fixed plane width (a power of two up to 32): a plane per
+    ///   row with a plane sum;
     /// - otherwise 8 lanes per row with a shared-memory reduction, except on CubeCL's SPIR-V
     ///   path, whose shared-memory kernels fail `spirv-val`: one unit per row there.
     pub fn for_client(client: &Client) -> Self {
@@ -260,18 +261,27 @@ impl GemvConfig {
             } else {
                 Self::OWN_ROWS
             }
-        } else if client.features().plane.contains(Plane::Ops) && fixed {
-            let lanes = hw.plane_size_max;
-            GemvConfig::Split {
-                lanes,
-                rows_per_cube: (256 / lanes).clamp(1, 8),
-                plane: true,
-            }
+        } else if let Some(plane) = Self::plane_split(client).filter(|_| fixed) {
+            plane
         } else if shared_memory_ok(client) {
             Self::SHARED
         } else {
             Self::ROW_PER_UNIT
         }
+    }
+
+    /// The split variant with a plane per row and a plane sum, where `client` has plane ops of
+    /// one fixed width (`lanes`): up to 256 units, at most 8 rows, per cube.
+    fn plane_split(client: &Client) -> Option<GemvConfig> {
+        let hw = &client.properties().hardware;
+        let lanes = hw.plane_size_max;
+        (client.features().plane.contains(Plane::Ops) && hw.plane_size_min == lanes).then_some(
+            GemvConfig::Split {
+                lanes,
+                rows_per_cube: (256 / lanes).clamp(1, 8),
+                plane: true,
+            },
+        )
     }
 
     /// One unit per row, 64 rows per cube, no staging.
@@ -308,15 +318,7 @@ impl GemvConfig {
         if shared_memory_ok(client) {
             v.extend([Self::SHARED, Self::SHARED_ONE_ROW]);
         }
-        let hw = &client.properties().hardware;
-        if client.features().plane.contains(Plane::Ops) && hw.plane_size_min == hw.plane_size_max {
-            let lanes = hw.plane_size_max;
-            v.push(GemvConfig::Split {
-                lanes,
-                rows_per_cube: (256 / lanes).clamp(1, 8),
-                plane: true,
-            });
-        }
+        v.extend(Self::plane_split(client));
         let chosen = Self::for_client(client);
         if !v.contains(&chosen) {
             v.push(chosen);

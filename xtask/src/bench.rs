@@ -105,13 +105,13 @@ pub struct Options {
     #[arg(long, value_name = "SECONDS")]
     pub min_time: Option<f64>,
     /// Time this GEMV variant instead of the library's choice: a `GemvConfig` name
-    /// (own-r8-p8, own-r4-p1, split-l8-r8-smem, split-l32-r8-plane, ...) or one of
+    /// (own-r8-l8-plane, own-r8-l8, split-l8-r8-smem, split-l32-r8-plane, ...) or one of
     /// row-per-unit, shared, shared-one-row, own-rows, plane.
     #[arg(long, value_name = "NAME")]
     pub variant: Option<String>,
 }
 
-/// The GEMV variant `name` ([`GemvConfig`]'s `FromStr`: `own-r8-p8`, `split-l8-r8-smem`, the
+/// The GEMV variant `name` ([`GemvConfig`]'s `FromStr`: `own-r8-l8-plane`, `split-l8-r8-smem`, the
 /// aliases `row-per-unit`, `shared`, `shared-one-row`, `own-rows`, or `plane` for the device's
 /// plane split variant) if `client` can run it.
 fn named_variant(client: &Client, name: &str) -> Result<GemvConfig, String> {
@@ -433,10 +433,6 @@ fn fits(ty: GgmlType, cols: usize) -> bool {
         && cols.is_multiple_of(ty.block_size())
 }
 
-fn variant_name(c: GemvConfig) -> String {
-    c.name()
-}
-
 /// What every measurement of a run shares.
 struct Bench {
     device: Device,
@@ -535,7 +531,7 @@ impl Bench {
                 "rows": rows,
                 "cols": cols,
                 "batch": m,
-                "variant": variant_name(self.config),
+                "variant": self.config.name(),
                 "weight_bytes": n_bytes,
                 "parts": raw.parts.len(),
                 "seconds": k.seconds,
@@ -626,7 +622,7 @@ pub fn run(opts: &Options) -> Result<(), String> {
         "plane_size_min": props.hardware.plane_size_min,
         "plane_size_max": props.hardware.plane_size_max,
         "max_buffer_bytes": max_buffer,
-        "gemv_variant": variant_name(config),
+        "gemv_variant": config.name(),
         "adapters": adapters,
     });
     println!(
@@ -635,7 +631,7 @@ pub fn run(opts: &Options) -> Result<(), String> {
         client.name(),
         backend.as_deref().unwrap_or("no adapter found"),
         max_buffer >> 20,
-        variant_name(config)
+        config.name()
     );
     for a in adapters.as_array().into_iter().flatten() {
         println!("  adapter: {a}");

@@ -17,25 +17,26 @@ use std::process::Command;
 /// is generated everywhere.
 fn variants(client: &cubecl::client::Client) -> Vec<(String, Variant)> {
     let mut configs = GemvConfig::variants(client);
-    if !configs
-        .iter()
-        .any(|c| matches!(c, GemvConfig::Split { plane: true, .. }))
-    {
-        configs.push(GemvConfig::Split {
+    let extras = [
+        GemvConfig::Split {
             lanes: 32,
             rows_per_cube: 8,
             plane: true,
-        });
-    }
-    if !configs
-        .iter()
-        .any(|c| matches!(c, GemvConfig::OwnRows { plane: true, .. }))
-    {
-        configs.push(GemvConfig::OwnRows {
+        },
+        GemvConfig::OwnRows {
             rows_per_unit: 8,
             lanes: 8,
             plane: true,
+        },
+    ];
+    for extra in extras {
+        // A plane variant of the same layout already listed (kernel_args().2 is `plane`).
+        let listed = configs.iter().any(|c| {
+            std::mem::discriminant(c) == std::mem::discriminant(&extra) && c.kernel_args().2
         });
+        if !listed {
+            configs.push(extra);
+        }
     }
     let mut out = vec![("dequantize_rows".to_string(), Variant::DequantizeRows)];
     for config in configs {

@@ -125,7 +125,7 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
             )
             .map_err(|e| e.to_string());
             push(
-                format!("{t} gemv lanes=8 rows/cube=1 m=1 (262144 cubes)"),
+                format!("{t} gemv {} m=1 (262144 cubes)", config.name()),
                 format!("{big_rows}x{big_cols}"),
                 e,
             );
