@@ -24,7 +24,8 @@
 //!   loaded once (as 4-float vectors) for all the unit's rows. With `plane` the cube is one plane
 //!   of `lanes` units: lane `l` loads activation vectors `l, l + lanes, ...` of a step and the
 //!   plane shares them with `plane_broadcast`, so the plane loads each activation once for
-//!   `lanes * own_rows` rows.
+//!   `lanes * own_rows` rows. Codebooks of up to [`LOCAL_GRID_MAX_WORDS`] words are first
+//!   copied into invocation-local memory, where a lookup is a gather rather than a loop.
 use crate::formats::{BlockDecode, CHUNK_ELEMS};
 use cubecl::prelude::*;
 
@@ -156,8 +157,69 @@ pub fn gemv_rows<F: BlockDecode>(
     let lane = UNIT_POS_X;
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
     let first = cube * comptime!(lanes * own_rows) + lane;
-    // Activation rows in passes of `m_pass` (the unrolled code and the registers it holds grow
-    // with it); each pass reads the weights once.
+    let grid_words = comptime!(F::GRID.len_words() as u32);
+    if comptime!(grid_words > 1 && grid_words <= LOCAL_GRID_MAX_WORDS) {
+        // The codebook copied once into invocation-local memory (see LOCAL_GRID_MAX_WORDS).
+        // The copy stops at the buffer's end, so a short buffer cannot be read past.
+        let mut local = Array::<u32>::new(comptime!(grid_words as usize));
+        let len = grid.len() as u32;
+        let n = select(len < grid_words, len, grid_words);
+        let mut i = 0u32;
+        while i < n {
+            local[i as usize] = grid[i as usize];
+            i += 1;
+        }
+        rows_passes::<F>(
+            w,
+            local.as_slice(),
+            x,
+            y,
+            rows,
+            cols,
+            m,
+            first,
+            m_pass,
+            lanes,
+            plane,
+            own_rows,
+        );
+    } else {
+        rows_passes::<F>(
+            w, grid, x, y, rows, cols, m, first, m_pass, lanes, plane, own_rows,
+        );
+    }
+}
+
+/// Largest codebook (in words) that [`gemv_rows`] copies into invocation-local memory before
+/// its loop. On lavapipe a storage-buffer load whose index differs between lanes becomes a
+/// loop over the SIMD lanes with a bounds-check branch in each step. An indexed local array is
+/// a plain gather instead: IQ2_XXS at m = 1 on 4096x4096 went from 13.8 ms to 9.7 ms, and the
+/// grid types took about 0.5x the time at m = 8 (`cargo xtask bench --quick`, 2026-12-01). The
+/// cost is compile time, which grows faster than the table: lavapipe took about 2 s more per
+/// shader for 256 words, 9 s for 512 and 78 s for 2048 (`cargo xtask kernel-test --op gemv`,
+/// `MESA_SHADER_CACHE_DISABLE=true`). So the 1024- and 2048-word grids (IQ2_XS, IQ2_S, IQ1_S,
+/// IQ1_M) stay in the storage buffer. On a GPU the split kernel runs, which reads the buffer
+/// (cached loads).
+pub const LOCAL_GRID_MAX_WORDS: u32 = 512;
+
+/// Every activation row of [`gemv_rows`] in passes of `m_pass` (the unrolled code and the
+/// registers it holds grow with it); each pass reads the weights once.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn rows_passes<F: BlockDecode>(
+    w: &[Vec4<u32>],
+    grid: &[u32],
+    x: &[Vec4<f32>],
+    y: &mut [f32],
+    rows: u32,
+    cols: u32,
+    m: u32,
+    first: u32,
+    #[comptime] m_pass: u32,
+    #[comptime] lanes: u32,
+    #[comptime] plane: bool,
+    #[comptime] own_rows: u32,
+) {
     let mut r0 = 0u32;
     while r0 < m {
         rows_act_group::<F>(
