@@ -47,8 +47,11 @@ pub const fn stage_blocks(bytes: u32, elems: u32) -> u32 {
 pub enum Grid {
     /// No codebook: the kernels still bind a one-word buffer.
     None,
-    /// `u64` entries of 8 byte values, uploaded as two little-endian words each.
-    U64(&'static [u64]),
+    /// The IQ2 grids (`iq2xxs_grid`, `iq2xs_grid`, `iq2s_grid`): `u64` entries of 8 byte
+    /// values, each one of [`IQ2_LEVELS`]. Uploaded as 2-bit level codes, value `j` of an entry
+    /// at bits `2j..2j + 2` of 16, entry `i` in half `i % 2` of word `i / 2`: a quarter of the
+    /// bytes, and one load per 8 values.
+    Iq2Codes(&'static [u64]),
     /// `u32` entries, one word each.
     U32(&'static [u32]),
 }
@@ -58,9 +61,13 @@ impl Grid {
     pub fn words(self) -> Vec<u32> {
         match self {
             Grid::None => vec![0],
-            Grid::U64(t) => t
-                .iter()
-                .flat_map(|e| [*e as u32, (*e >> 32) as u32])
+            Grid::Iq2Codes(t) => t
+                .chunks(2)
+                .map(|pair| {
+                    pair.iter()
+                        .enumerate()
+                        .fold(0, |word, (h, &e)| word | (iq2_codes(e) << (16 * h)))
+                })
                 .collect(),
             Grid::U32(t) => t.to_vec(),
         }
@@ -70,10 +77,33 @@ impl Grid {
     pub fn len_words(self) -> usize {
         match self {
             Grid::None => 1,
-            Grid::U64(t) => 2 * t.len(),
+            Grid::Iq2Codes(t) => t.len().div_ceil(2),
             Grid::U32(t) => t.len(),
         }
     }
+}
+
+/// The byte values of the IQ2 grids, in the order of their codes in [`Grid::Iq2Codes`].
+pub const IQ2_LEVELS: [u8; 3] = [0x08, 0x19, 0x2b];
+
+/// [`IQ2_LEVELS`] as one word, level `c` in byte `c`.
+const IQ2_LEVELS_WORD: u32 =
+    IQ2_LEVELS[0] as u32 | (IQ2_LEVELS[1] as u32) << 8 | (IQ2_LEVELS[2] as u32) << 16;
+
+/// The 16 bits of 2-bit level codes of one IQ2 grid entry ([`Grid::Iq2Codes`]).
+///
+/// # Panics
+/// If a byte of `entry` is not one of [`IQ2_LEVELS`]: the grids are static tables, and the unit
+/// test `iq2_codes_round_trip` checks all three.
+fn iq2_codes(entry: u64) -> u32 {
+    (0..8).fold(0, |codes, j| {
+        let byte = (entry >> (8 * j)) as u8;
+        let code = IQ2_LEVELS
+            .iter()
+            .position(|&l| l == byte)
+            .expect("IQ2 grid byte is one of IQ2_LEVELS");
+        codes | (code as u32) << (2 * j)
+    })
 }
 
 /// Decodes chunk `chunk` (0..CHUNKS) of the block starting at byte `block` of the word stream
@@ -805,17 +835,22 @@ fn signed_group8(g0: u32, g1: u32, signs: u32, db: f32, out: &mut Array<f32>, ba
     }
 }
 
-/// The 8 values of a u64 grid entry `idx` (two words in `grid`), signed and scaled.
+/// The 8 values of IQ2 grid entry `idx` ([`Grid::Iq2Codes`]), each `db * value`, negated
+/// where bit `j` of `signs` is set; written to `out[base..base + 8]` (as [`signed_group8`]).
 #[cube]
-fn grid64_group8(grid: &[u32], idx: u32, signs: u32, db: f32, out: &mut Array<f32>, base: u32) {
-    signed_group8(
-        grid[(2 * idx) as usize],
-        grid[(2 * idx + 1) as usize],
-        signs,
-        db,
-        out,
-        base,
-    );
+fn iq2_group8(grid: &[u32], idx: u32, signs: u32, db: f32, out: &mut Array<f32>, base: u32) {
+    let codes = grid[(idx / 2) as usize] >> (16 * (idx % 2));
+    #[unroll]
+    for j in 0..8u32 {
+        // Code `c` of value `j` as the shift `8c` of its byte in IQ2_LEVELS_WORD.
+        let shift = if comptime!(j >= 2) {
+            (codes >> comptime!(2 * j - 3)) & 0x18
+        } else {
+            (codes << comptime!(3 - 2 * j)) & 0x18
+        };
+        let v = db * f32::cast_from((IQ2_LEVELS_WORD >> shift) & 0xFF);
+        out[(base + j) as usize] = select(((signs >> j) & 1) != 0, -v, v);
+    }
 }
 
 /// `IQ2_XXS`, llama.cpp `block_iq2_xxs { ggml_half d; uint16_t qs[32]; }` (66 bytes): sub-block
@@ -827,7 +862,7 @@ impl BlockFormat for IQ2XXS {
     const TYPE: GgmlType = GgmlType::IQ2_XXS;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 66;
-    const GRID: Grid = Grid::U64(&ggml_codec::grids::iq2xxs_grid);
+    const GRID: Grid = Grid::Iq2Codes(&ggml_codec::grids::iq2xxs_grid);
 }
 #[cube]
 impl BlockDecode for IQ2XXS {
@@ -839,7 +874,7 @@ impl BlockDecode for IQ2XXS {
         #[unroll]
         for l in 0..4u32 {
             let signs = ksigns_iq2xs((a1 >> (7 * l)) & 127);
-            grid64_group8(grid, (a0 >> (8 * l)) & 0xFF, signs, db, out, 8 * l);
+            iq2_group8(grid, (a0 >> (8 * l)) & 0xFF, signs, db, out, 8 * l);
         }
     }
 }
@@ -853,7 +888,7 @@ impl BlockFormat for IQ2XS {
     const TYPE: GgmlType = GgmlType::IQ2_XS;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 74;
-    const GRID: Grid = Grid::U64(&ggml_codec::grids::iq2xs_grid);
+    const GRID: Grid = Grid::Iq2Codes(&ggml_codec::grids::iq2xs_grid);
 }
 #[cube]
 impl BlockDecode for IQ2XS {
@@ -869,7 +904,7 @@ impl BlockDecode for IQ2XS {
             #[unroll]
             for i in 0..2u32 {
                 let q = (pair >> (16 * i)) & 0xFFFF;
-                grid64_group8(
+                iq2_group8(
                     grid,
                     q & 511,
                     ksigns_iq2xs(q >> 9),
@@ -891,7 +926,7 @@ impl BlockFormat for IQ2S {
     const TYPE: GgmlType = GgmlType::IQ2_S;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 82;
-    const GRID: Grid = Grid::U64(&ggml_codec::grids::iq2s_grid);
+    const GRID: Grid = Grid::Iq2Codes(&ggml_codec::grids::iq2s_grid);
 }
 #[cube]
 impl BlockDecode for IQ2S {
@@ -907,7 +942,7 @@ impl BlockDecode for IQ2S {
         for l in 0..4u32 {
             let idx = ((qs >> (8 * l)) & 0xFF) | ((qh << (8 - 2 * l)) & 0x300);
             let db = select(l < 2, db0, db1);
-            grid64_group8(grid, idx, (signs >> (8 * l)) & 0xFF, db, out, 8 * l);
+            iq2_group8(grid, idx, (signs >> (8 * l)) & 0xFF, db, out, 8 * l);
         }
     }
 }
@@ -1056,6 +1091,32 @@ impl BlockDecode for IQ1M {
             let neg = (h & (0x08u32 << (4 * (l % 2)))) != 0;
             let delta = select(neg, -IQ1_DELTA, IQ1_DELTA);
             iq1_group8(grid[idx as usize], dl, delta, out, 8 * l);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every value of the three IQ2 grids reads back from its uploaded 2-bit codes.
+    #[test]
+    fn iq2_codes_round_trip() {
+        use ggml_codec::grids::{iq2s_grid, iq2xs_grid, iq2xxs_grid};
+        for table in [&iq2xxs_grid[..], &iq2xs_grid[..], &iq2s_grid[..]] {
+            let grid = Grid::Iq2Codes(table);
+            let words = grid.words();
+            assert_eq!(words.len(), grid.len_words());
+            assert_eq!(words.len(), table.len() / 2);
+            for (i, &entry) in table.iter().enumerate() {
+                let codes = words[i / 2] >> (16 * (i % 2));
+                for j in 0..8 {
+                    let level = IQ2_LEVELS[((codes >> (2 * j)) & 3) as usize];
+                    let shift = ((codes >> (2 * j)) & 3) * 8;
+                    assert_eq!(level, (entry >> (8 * j)) as u8, "entry {i} value {j}");
+                    assert_eq!((IQ2_LEVELS_WORD >> shift) & 0xFF, u32::from(level));
+                }
+            }
         }
     }
 }

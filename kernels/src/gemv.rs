@@ -191,15 +191,14 @@ pub fn gemv_rows<F: BlockDecode>(
 }
 
 /// Largest codebook (in words) that [`gemv_rows`] copies into invocation-local memory before
-/// its loop. On lavapipe a storage-buffer load whose index differs between lanes becomes a
-/// loop over the SIMD lanes with a bounds-check branch in each step. An indexed local array is
-/// a plain gather instead: IQ2_XXS at m = 1 on 4096x4096 went from 13.8 ms to 9.7 ms, and the
-/// grid types took about 0.5x the time at m = 8 (`cargo xtask bench --quick`, 2026-12-01). The
-/// cost is compile time, which grows faster than the table: lavapipe took about 2 s more per
-/// shader for 256 words, 9 s for 512 and 78 s for 2048 (`cargo xtask kernel-test --op gemv`,
-/// `MESA_SHADER_CACHE_DISABLE=true`). So the 1024- and 2048-word grids (IQ2_XS, IQ2_S, IQ1_S,
-/// IQ1_M) stay in the storage buffer. On a GPU the split kernel runs, which reads the buffer
-/// (cached loads).
+/// its loop: the IQ2 grids as 2-bit codes and the IQ3 grids (128-512 words), not IQ1's 2048.
+/// On lavapipe a storage-buffer load whose index differs between lanes becomes a loop over the
+/// SIMD lanes with a bounds-check branch in each step; an indexed local array is a plain gather
+/// (IQ2_XXS, m = 1, 4096x4096: 13.8 ms before, 9.7 ms with its table local, `cargo xtask bench
+/// --quick`, 2026-12-01). The cost is compile time, which grows faster than the table: with
+/// `MESA_SHADER_CACHE_DISABLE=true`, `cargo xtask kernel-test --op gemv` took 61 s instead of
+/// 44 s for IQ3_XXS (256 words) but 10 min 21 s instead of 26 s for IQ1_S (2048 words). On a
+/// GPU the split kernel runs, which reads the buffer (cached loads).
 pub const LOCAL_GRID_MAX_WORDS: u32 = 512;
 
 /// Every activation row of [`gemv_rows`] in passes of `m_pass` (the unrolled code and the
