@@ -201,8 +201,12 @@ pub fn gemv_rows<F: BlockDecode>(
 /// GPU the split kernel runs, which reads the buffer (cached loads).
 pub const LOCAL_GRID_MAX_WORDS: u32 = 512;
 
-/// Every activation row of [`gemv_rows`] in passes of `m_pass` (the unrolled code and the
-/// registers it holds grow with it); each pass reads the weights once.
+/// Activation rows one pass of [`gemv_rows`] takes for `m >= 2`; more take further passes, each
+/// reading the weights again.
+pub const OWN_ROWS_M: u32 = 2;
+
+/// `y[0..m]` for the unit's rows, the activation rows in passes of `m_pass` (the unrolled code
+/// and the registers it holds grow with it); each pass reads the weights once.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn rows_passes<F: BlockDecode>(
@@ -219,68 +223,41 @@ fn rows_passes<F: BlockDecode>(
     #[comptime] plane: bool,
     #[comptime] own_rows: u32,
 ) {
-    let mut r0 = 0u32;
-    while r0 < m {
-        rows_act_group::<F>(
-            w, grid, x, y, rows, cols, m, first, r0, m_pass, lanes, plane, own_rows,
-        );
-        r0 += m_pass;
-    }
-}
-
-/// Activation rows one pass of [`gemv_rows`] takes for `m >= 2`; more take further passes, each
-/// reading the weights again.
-pub const OWN_ROWS_M: u32 = 2;
-
-/// `y[r0..r0 + m_pass]` (those below `m`) for the unit's rows.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn rows_act_group<F: BlockDecode>(
-    w: &[Vec4<u32>],
-    grid: &[u32],
-    x: &[Vec4<f32>],
-    y: &mut [f32],
-    rows: u32,
-    cols: u32,
-    m: u32,
-    first: u32,
-    r0: u32,
-    #[comptime] m_pass: u32,
-    #[comptime] lanes: u32,
-    #[comptime] plane: bool,
-    #[comptime] own_rows: u32,
-) {
     let blocks = cols / comptime!(F::BLOCK_ELEMS);
     let row_bytes = blocks * comptime!(F::BLOCK_BYTES);
-    let mut acc = Array::<f32>::new(comptime!((m_pass * own_rows) as usize));
-    #[unroll]
-    for i in 0..comptime!(m_pass * own_rows) {
-        acc[i as usize] = 0.0;
-    }
     // Whole groups of STAGE_BLOCKS blocks, then (when the row has a remainder) single blocks.
     let group = comptime!(F::STAGE_BLOCKS);
     let grouped = blocks / group * group;
-    rows_blocks::<F>(
-        w, grid, x, &mut acc, rows, cols, m, row_bytes, first, r0, 0, grouped, m_pass, lanes,
-        plane, own_rows, group,
-    );
-    if comptime!(group > 1) {
+    let mut r0 = 0u32;
+    while r0 < m {
+        let mut acc = Array::<f32>::new(comptime!((m_pass * own_rows) as usize));
+        #[unroll]
+        for i in 0..comptime!(m_pass * own_rows) {
+            acc[i as usize] = 0.0;
+        }
         rows_blocks::<F>(
-            w, grid, x, &mut acc, rows, cols, m, row_bytes, first, r0, grouped, blocks, m_pass,
-            lanes, plane, own_rows, 1u32,
+            w, grid, x, &mut acc, rows, cols, m, row_bytes, first, r0, 0, grouped, m_pass, lanes,
+            plane, own_rows, group,
         );
-    }
-    #[unroll]
-    for j in 0..own_rows {
-        let row = first + j * lanes;
-        if row < rows {
-            #[unroll]
-            for r in 0..m_pass {
-                if r0 + r < m {
-                    y[((r0 + r) * rows + row) as usize] = acc[(j * m_pass + r) as usize];
+        if comptime!(group > 1) {
+            rows_blocks::<F>(
+                w, grid, x, &mut acc, rows, cols, m, row_bytes, first, r0, grouped, blocks, m_pass,
+                lanes, plane, own_rows, 1u32,
+            );
+        }
+        #[unroll]
+        for j in 0..own_rows {
+            let row = first + j * lanes;
+            if row < rows {
+                #[unroll]
+                for r in 0..m_pass {
+                    if r0 + r < m {
+                        y[((r0 + r) * rows + row) as usize] = acc[(j * m_pass + r) as usize];
+                    }
                 }
             }
         }
+        r0 += m_pass;
     }
 }
 
