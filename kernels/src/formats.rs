@@ -45,63 +45,79 @@ pub const fn stage_blocks(bytes: u32, elems: u32) -> u32 {
 /// kernels' `grid` argument. The tables are `ggml_codec::grids`, the workspace's only copy.
 #[derive(Clone, Copy, Debug)]
 pub enum Grid {
-    /// No codebook: the kernels still bind a one-word buffer.
+    /// No codebook: the kernels still bind a one-vector (4-word) buffer.
     None,
-    /// The IQ2 grids (`iq2xxs_grid`, `iq2xs_grid`, `iq2s_grid`): `u64` entries of 8 byte
-    /// values, each one of [`IQ2_LEVELS`]. Uploaded as 2-bit level codes, value `j` of an entry
-    /// at bits `2j..2j + 2` of 16, entry `i` in half `i % 2` of word `i / 2`: a quarter of the
-    /// bytes, and one load per 8 values.
-    Iq2Codes(&'static [u64]),
+    /// A grid of `u64` entries of 8 byte values, each one of three `levels`: the IQ2 grids
+    /// (`iq2xxs_grid`, `iq2xs_grid`, `iq2s_grid`, [`IQ2_LEVELS`]) and `iq1s_grid`
+    /// ([`IQ1_LEVELS`]). Uploaded as 2-bit level codes, value `j` of an entry at bits
+    /// `2j..2j + 2` of 16, entry `i` in half `i % 2` of word `i / 2`: a quarter of the bytes,
+    /// and one load per 8 values.
+    Codes {
+        /// The ggml-common.h table.
+        table: &'static [u64],
+        /// The byte value of each code.
+        levels: [u8; 3],
+    },
     /// `u32` entries, one word each.
     U32(&'static [u32]),
 }
 
 impl Grid {
-    /// The buffer the kernels read, as `u32` words (one zero word for [`Grid::None`]).
+    /// The buffer the kernels read, as `u32` words, whole 4-word vectors (four zero words for
+    /// [`Grid::None`]).
     pub fn words(self) -> Vec<u32> {
         match self {
-            Grid::None => vec![0],
-            Grid::Iq2Codes(t) => t
+            Grid::None => vec![0; 4],
+            Grid::Codes { table, levels } => table
                 .chunks(2)
                 .map(|pair| {
-                    pair.iter()
-                        .enumerate()
-                        .fold(0, |word, (h, &e)| word | (iq2_codes(e) << (16 * h)))
+                    pair.iter().enumerate().fold(0, |word, (h, &e)| {
+                        word | (level_codes(e, levels) << (16 * h))
+                    })
                 })
                 .collect(),
             Grid::U32(t) => t.to_vec(),
         }
     }
 
+    /// Whether there is a codebook ([`Grid::None`] has none).
+    pub const fn has_table(self) -> bool {
+        !matches!(self, Grid::None)
+    }
+
     /// Length of [`Grid::words`].
     pub fn len_words(self) -> usize {
         match self {
-            Grid::None => 1,
-            Grid::Iq2Codes(t) => t.len().div_ceil(2),
+            Grid::None => 4,
+            Grid::Codes { table, .. } => table.len().div_ceil(2),
             Grid::U32(t) => t.len(),
         }
     }
 }
 
-/// The byte values of the IQ2 grids, in the order of their codes in [`Grid::Iq2Codes`].
+/// The byte values of the IQ2 grids, in the order of their codes in [`Grid::Codes`].
 pub const IQ2_LEVELS: [u8; 3] = [0x08, 0x19, 0x2b];
+
+/// The byte values of `iq1s_grid` (int8 -1, 0, 1), in the order of their codes in
+/// [`Grid::Codes`]: code `c` is the value `c - 1`.
+pub const IQ1_LEVELS: [u8; 3] = [0xff, 0x00, 0x01];
 
 /// [`IQ2_LEVELS`] as one word, level `c` in byte `c`.
 const IQ2_LEVELS_WORD: u32 =
     IQ2_LEVELS[0] as u32 | (IQ2_LEVELS[1] as u32) << 8 | (IQ2_LEVELS[2] as u32) << 16;
 
-/// The 16 bits of 2-bit level codes of one IQ2 grid entry ([`Grid::Iq2Codes`]).
+/// The 16 bits of 2-bit level codes of one grid entry ([`Grid::Codes`]).
 ///
 /// # Panics
-/// If a byte of `entry` is not one of [`IQ2_LEVELS`]: the grids are static tables, and the unit
-/// test `iq2_codes_round_trip` checks all three.
-fn iq2_codes(entry: u64) -> u32 {
+/// If a byte of `entry` is not one of `levels`: the grids are static tables, and the unit test
+/// `level_codes_round_trip` checks all four.
+fn level_codes(entry: u64, levels: [u8; 3]) -> u32 {
     (0..8).fold(0, |codes, j| {
         let byte = (entry >> (8 * j)) as u8;
-        let code = IQ2_LEVELS
+        let code = levels
             .iter()
             .position(|&l| l == byte)
-            .expect("IQ2 grid byte is one of IQ2_LEVELS");
+            .expect("grid byte is one of its levels");
         codes | (code as u32) << (2 * j)
     })
 }
@@ -835,7 +851,7 @@ fn signed_group8(g0: u32, g1: u32, signs: u32, db: f32, out: &mut Array<f32>, ba
     }
 }
 
-/// The 8 values of IQ2 grid entry `idx` ([`Grid::Iq2Codes`]), each `db * value`, negated
+/// The 8 values of IQ2 grid entry `idx` ([`Grid::Codes`]), each `db * value`, negated
 /// where bit `j` of `signs` is set; written to `out[base..base + 8]` (as [`signed_group8`]).
 #[cube]
 fn iq2_group8(grid: &[u32], idx: u32, signs: u32, db: f32, out: &mut Array<f32>, base: u32) {
@@ -862,7 +878,10 @@ impl BlockFormat for IQ2XXS {
     const TYPE: GgmlType = GgmlType::IQ2_XXS;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 66;
-    const GRID: Grid = Grid::Iq2Codes(&ggml_codec::grids::iq2xxs_grid);
+    const GRID: Grid = Grid::Codes {
+        table: &ggml_codec::grids::iq2xxs_grid,
+        levels: IQ2_LEVELS,
+    };
 }
 #[cube]
 impl BlockDecode for IQ2XXS {
@@ -888,7 +907,10 @@ impl BlockFormat for IQ2XS {
     const TYPE: GgmlType = GgmlType::IQ2_XS;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 74;
-    const GRID: Grid = Grid::Iq2Codes(&ggml_codec::grids::iq2xs_grid);
+    const GRID: Grid = Grid::Codes {
+        table: &ggml_codec::grids::iq2xs_grid,
+        levels: IQ2_LEVELS,
+    };
 }
 #[cube]
 impl BlockDecode for IQ2XS {
@@ -926,7 +948,10 @@ impl BlockFormat for IQ2S {
     const TYPE: GgmlType = GgmlType::IQ2_S;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 82;
-    const GRID: Grid = Grid::Iq2Codes(&ggml_codec::grids::iq2s_grid);
+    const GRID: Grid = Grid::Codes {
+        table: &ggml_codec::grids::iq2s_grid,
+        levels: IQ2_LEVELS,
+    };
 }
 #[cube]
 impl BlockDecode for IQ2S {
@@ -1013,16 +1038,17 @@ impl BlockDecode for IQ3S {
     }
 }
 
-/// One IQ1 group from `iq1s_grid_gpu` entry `g` (value `j < 4` in the low nibble of byte `j`,
-/// `j + 4` in its high nibble, each stored plus one): `y = dl * (value + delta)`.
+/// The 8 values of `iq1s_grid` entry `idx` ([`Grid::Codes`], [`IQ1_LEVELS`]), each
+/// `dl * (value + delta)`. A code `c` is the value plus one, so `value + delta` is
+/// `c + (delta - 1)`, exact in f32 as ggml's `grid + delta` is: the same one rounding.
 #[cube]
-fn iq1_group8(g: u32, dl: f32, delta: f32, out: &mut Array<f32>, base: u32) {
+fn iq1_group8(grid: &[u32], idx: u32, dl: f32, delta: f32, out: &mut Array<f32>, base: u32) {
+    let codes = grid[(idx / 2) as usize] >> (16 * (idx % 2));
+    let offset = delta - 1.0;
     #[unroll]
-    for j in 0..4u32 {
-        let lo = f32::cast_from((g >> (8 * j)) & 0x0F) - 1.0;
-        let hi = f32::cast_from((g >> (8 * j + 4)) & 0x0F) - 1.0;
-        out[(base + j) as usize] = dl * (lo + delta);
-        out[(base + j + 4) as usize] = dl * (hi + delta);
+    for j in 0..8u32 {
+        let c = f32::cast_from((codes >> (2 * j)) & 3);
+        out[(base + j) as usize] = dl * (c + offset);
     }
 }
 
@@ -1038,7 +1064,10 @@ impl BlockFormat for IQ1S {
     const TYPE: GgmlType = GgmlType::IQ1_S;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 50;
-    const GRID: Grid = Grid::U32(&ggml_codec::grids::iq1s_grid_gpu);
+    const GRID: Grid = Grid::Codes {
+        table: &ggml_codec::grids::iq1s_grid,
+        levels: IQ1_LEVELS,
+    };
 }
 #[cube]
 impl BlockDecode for IQ1S {
@@ -1051,7 +1080,7 @@ impl BlockDecode for IQ1S {
         #[unroll]
         for l in 0..4u32 {
             let idx = ((qs >> (8 * l)) & 0xFF) | (((qh >> (3 * l)) & 7) << 8);
-            iq1_group8(grid[idx as usize], dl, delta, out, 8 * l);
+            iq1_group8(grid, idx, dl, delta, out, 8 * l);
         }
     }
 }
@@ -1066,7 +1095,10 @@ impl BlockFormat for IQ1M {
     const TYPE: GgmlType = GgmlType::IQ1_M;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 56;
-    const GRID: Grid = Grid::U32(&ggml_codec::grids::iq1s_grid_gpu);
+    const GRID: Grid = Grid::Codes {
+        table: &ggml_codec::grids::iq1s_grid,
+        levels: IQ1_LEVELS,
+    };
 }
 #[cube]
 impl BlockDecode for IQ1M {
@@ -1090,7 +1122,7 @@ impl BlockDecode for IQ1M {
             let dl = select(l < 2, dl1, dl2);
             let neg = (h & (0x08u32 << (4 * (l % 2)))) != 0;
             let delta = select(neg, -IQ1_DELTA, IQ1_DELTA);
-            iq1_group8(grid[idx as usize], dl, delta, out, 8 * l);
+            iq1_group8(grid, idx, dl, delta, out, 8 * l);
         }
     }
 }
@@ -1099,22 +1131,35 @@ impl BlockDecode for IQ1M {
 mod tests {
     use super::*;
 
-    /// Every value of the three IQ2 grids reads back from its uploaded 2-bit codes.
+    /// Every value of the IQ2 and IQ1 grids, as the decoders upload them, reads back from its
+    /// 2-bit codes the way the decoders read it (`iq2_group8`, `iq1_group8`).
     #[test]
-    fn iq2_codes_round_trip() {
-        use ggml_codec::grids::{iq2s_grid, iq2xs_grid, iq2xxs_grid};
-        for table in [&iq2xxs_grid[..], &iq2xs_grid[..], &iq2s_grid[..]] {
-            let grid = Grid::Iq2Codes(table);
+    fn level_codes_round_trip() {
+        let grids = [
+            IQ2XXS::GRID,
+            IQ2XS::GRID,
+            IQ2S::GRID,
+            IQ1S::GRID,
+            IQ1M::GRID,
+        ];
+        for grid in grids {
+            let Grid::Codes { table, levels } = grid else {
+                panic!("{grid:?} is not uploaded as codes");
+            };
             let words = grid.words();
             assert_eq!(words.len(), grid.len_words());
             assert_eq!(words.len(), table.len() / 2);
             for (i, &entry) in table.iter().enumerate() {
                 let codes = words[i / 2] >> (16 * (i % 2));
                 for j in 0..8 {
-                    let level = IQ2_LEVELS[((codes >> (2 * j)) & 3) as usize];
-                    let shift = ((codes >> (2 * j)) & 3) * 8;
-                    assert_eq!(level, (entry >> (8 * j)) as u8, "entry {i} value {j}");
-                    assert_eq!((IQ2_LEVELS_WORD >> shift) & 0xFF, u32::from(level));
+                    let code = (codes >> (2 * j)) & 3;
+                    let byte = (entry >> (8 * j)) as u8;
+                    assert_eq!(levels[code as usize], byte, "entry {i} value {j}");
+                    if levels == IQ2_LEVELS {
+                        assert_eq!((IQ2_LEVELS_WORD >> (8 * code)) & 0xFF, u32::from(byte));
+                    } else {
+                        assert_eq!(code as i32 - 1, i32::from(byte as i8));
+                    }
                 }
             }
         }

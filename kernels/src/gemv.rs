@@ -135,15 +135,16 @@ pub fn gemv<F: BlockDecode>(
 pub type Vec4<T> = Vector<T, Const<4>>;
 
 /// The GEMV kernel in the own-rows layout. `w` is the word stream as 4-word vectors (its length
-/// padded to whole vectors, [`crate::words_len`]), `x` is `[m, cols]` f32 as 4-float vectors, `y`
-/// is `[m, rows]`. Unit `l` of cube `c` owns rows `c * lanes * own_rows + j * lanes + l` for
+/// padded to whole vectors, [`crate::words_len`]), `grid` the type's codebook as 4-word vectors
+/// ([`crate::grid_words`], whole vectors), `x` is `[m, cols]` f32 as 4-float vectors, `y` is
+/// `[m, rows]`. Unit `l` of cube `c` owns rows `c * lanes * own_rows + j * lanes + l` for
 /// `j < own_rows` (CubeDim `(lanes, 1)`); with `plane`, `lanes` is the device's plane width.
 /// Activation rows go in `ceil(m / m_pass)` passes.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_rows<F: BlockDecode>(
     w: &[Vec4<u32>],
-    grid: &[u32],
+    grid: &[Vec4<u32>],
     x: &[Vec4<f32>],
     y: &mut [f32],
     rows: u32,
@@ -158,48 +159,56 @@ pub fn gemv_rows<F: BlockDecode>(
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
     let first = cube * comptime!(lanes * own_rows) + lane;
     let grid_words = comptime!(F::GRID.len_words() as u32);
-    if comptime!(grid_words > 1 && grid_words <= LOCAL_GRID_MAX_WORDS) {
-        // The codebook copied once into invocation-local memory (see LOCAL_GRID_MAX_WORDS).
-        // The copy stops at the buffer's end, so a short buffer cannot be read past.
-        let mut local = Array::<u32>::new(comptime!(grid_words as usize));
+    comptime!(assert!(
+        grid_words <= LOCAL_GRID_MAX_WORDS && grid_words.is_multiple_of(4),
+        "the own-rows GEMV copies whole-vector codebooks of at most LOCAL_GRID_MAX_WORDS words"
+    ));
+    // The codebook copied once into invocation-local memory (see LOCAL_GRID_MAX_WORDS), a
+    // vector per load. The copy stops at the buffer's end, so a short buffer cannot be read
+    // past. Types without one copy nothing (their decoders do not read it).
+    let mut local = Array::<u32>::new(comptime!(grid_words as usize));
+    if comptime!(F::GRID.has_table()) {
         let len = grid.len() as u32;
-        let n = select(len < grid_words, len, grid_words);
+        let n = select(len < grid_words / 4, len, comptime!(grid_words / 4));
         let mut i = 0u32;
         while i < n {
-            local[i as usize] = grid[i as usize];
+            let v = grid[i as usize];
+            #[unroll]
+            for c in 0..4u32 {
+                local[(4 * i + c) as usize] = v.extract(c as usize);
+            }
             i += 1;
         }
-        rows_passes::<F>(
-            w,
-            local.as_slice(),
-            x,
-            y,
-            rows,
-            cols,
-            m,
-            first,
-            m_pass,
-            lanes,
-            plane,
-            own_rows,
-        );
-    } else {
-        rows_passes::<F>(
-            w, grid, x, y, rows, cols, m, first, m_pass, lanes, plane, own_rows,
-        );
     }
+    rows_passes::<F>(
+        w,
+        local.as_slice(),
+        x,
+        y,
+        rows,
+        cols,
+        m,
+        first,
+        m_pass,
+        lanes,
+        plane,
+        own_rows,
+    );
 }
 
 /// Largest codebook (in words) that [`gemv_rows`] copies into invocation-local memory before
-/// its loop: the IQ2 grids as 2-bit codes and the IQ3 grids (128-512 words), not IQ1's 2048.
-/// On lavapipe a storage-buffer load whose index differs between lanes becomes a loop over the
-/// SIMD lanes with a bounds-check branch in each step; an indexed local array is a plain gather
-/// (IQ2_XXS, m = 1, 4096x4096: 13.8 ms before, 9.7 ms with its table local, `cargo xtask bench
-/// --quick`, 2026-12-01). The cost is compile time, which grows faster than the table: with
-/// `MESA_SHADER_CACHE_DISABLE=true`, `cargo xtask kernel-test --op gemv` took 61 s instead of
-/// 44 s for IQ3_XXS (256 words) but 10 min 21 s instead of 26 s for IQ1_S (2048 words). On a
-/// GPU the split kernel runs, which reads the buffer (cached loads).
-pub const LOCAL_GRID_MAX_WORDS: u32 = 512;
+/// its loop, as every codebook is: the IQ2 and IQ1 grids as 2-bit codes and the IQ3 grids
+/// (128-1024 words). On lavapipe a storage-buffer load whose index differs between lanes
+/// becomes a loop over the SIMD lanes with a bounds-check branch in each step; an indexed local
+/// array is a plain gather (IQ2_XXS, m = 1, 4096x4096: 13.8 ms before, 9.7 ms with its table
+/// local, `cargo xtask bench --quick`, 2026-12-01), and the copy loads 4-word vectors, since a
+/// word per load is such a loop per word in every workgroup (IQ1_S, m = 1, 4096x4096: 10.1 ms
+/// copying words, 6.8 ms copying vectors). The cost is compile time, which grows faster
+/// than the table: with `MESA_SHADER_CACHE_DISABLE=true`, `cargo xtask kernel-test --op gemv`
+/// took 61 s instead of 44 s for IQ3_XXS (256 words), and for IQ1_S 4 min 13 s with its
+/// 1024-word codes (26 s reading the buffer; 10 min 21 s with the 2048-word `iq1s_grid_gpu`
+/// local). On a GPU the split kernel runs, which reads the buffer (cached loads).
+pub const LOCAL_GRID_MAX_WORDS: u32 = 1024;
 
 /// Activation rows one pass of [`gemv_rows`] takes for `m >= 2`; more take further passes, each
 /// reading the weights again.

@@ -177,8 +177,9 @@ pub fn kernel_block_elems(ty: GgmlType) -> Option<usize> {
 }
 
 /// The codebook buffer the kernels of `ty` read (`grid` argument of every launch): the type's
-/// `ggml_codec::grids` table as words, or one zero word for types without one; `None` when no
-/// kernel decodes `ty`. Upload it once per device and type and share it between tensors.
+/// `ggml_codec::grids` table as words (`Grid::words`, whole 4-word vectors), or one zero vector
+/// for types without one; `None` when no kernel decodes `ty`. Upload it once per device and type
+/// and share it between tensors.
 pub fn grid_words(ty: GgmlType) -> Option<Vec<u32>> {
     with_format!(ty, F => Some(F::GRID.words()), None)
 }
@@ -640,7 +641,7 @@ pub fn launch_gemv(
                 ),
             ));
         }
-        let (w, x) = (as_vec4(w)?, as_vec4(x)?);
+        let (w, grid, x) = (as_vec4(w)?, as_vec4(grid)?, as_vec4(x)?);
         return with_format!(ty, F => {
             // SAFETY: as below, and the staging's vector loads end at most 7 words past the
             // last row's data, inside the words_len padding checked above.

@@ -7,9 +7,9 @@ Usage:
 The tables come from `gguf/quants.py`: per IQ type class, `grid_shape`, `grid_map` and
 `grid_hex` (hex-encoded, packed indices into `grid_map`, decoded as `init_grid` there does),
 `IQ2_XXS.ksigns`, `IQ4_NL.kvalues` and `MXFP4.kvalues`. The tables gguf-py does not carry are
-derived here: `kmask_iq2xs` (`1 << j`), `ksigns64` (from `ksigns_iq2xs`) and `iq1s_grid_gpu`
-(from `iq1s_grid`). Each is laid out as ggml lays it out (names and element types of ggml; a
-`u64` / `u32` entry packs 8 / 4 byte values, value `j` in byte `j`, little-endian).
+derived here: `kmask_iq2xs` (`1 << j`) and `ksigns64` (from `ksigns_iq2xs`). Each is laid out
+as ggml lays it out (names and element types of ggml; a `u64` / `u32` entry packs 8 / 4 byte
+values, value `j` in byte `j`, little-endian).
 
 Everything from the MARKER line on in the existing output (the tests) is kept.
 """
@@ -87,9 +87,6 @@ iq3s_grid = [pack_le(r) for r in decode_grid(quants.IQ3_S)]
 iq1s_rows = decode_grid(quants.IQ1_S)
 assert quants.IQ1_M.grid_hex is None or decode_grid(quants.IQ1_M) == iq1s_rows
 iq1s_grid = [pack_le(r) for r in iq1s_rows]
-# GPU layout: value + 1 in a nibble; value j < 4 in the low nibble of byte j, value j + 4 in its
-# high nibble.
-iq1s_grid_gpu = [pack_le([(r[j] + 1) | ((r[j + 4] + 1) << 4) for j in range(4)]) for r in iq1s_rows]
 
 kvalues_iq4nl = list(quants.IQ4_NL.kvalues)
 kvalues_fp4 = list(quants.MXFP4.kvalues)
@@ -108,7 +105,6 @@ tables = [
     ('int8_t', 'kvalues_iq4nl', '16', 'kvalues_iq4nl', kvalues_iq4nl),
     ('int8_t', 'kvalues_fp4', '16', 'kvalues_mxfp4', kvalues_fp4),
     ('uint64_t', 'iq1s_grid', 'NGRID_IQ1S', 'iq1s_grid', iq1s_grid),
-    ('uint32_t', 'iq1s_grid_gpu', 'NGRID_IQ1S', 'iq1s_grid_gpu', iq1s_grid_gpu),
 ]
 sizes = {'NGRID_IQ1S': 2048}
 
@@ -125,7 +121,6 @@ docs = {
  'kvalues_iq4nl': 'IQ4_NL / IQ4_XS non-linear 4-bit values (indexed by the nibble).',
  'kvalues_fp4': 'E2M1 (FP4) values, doubled, shared by MXFP4 and NVFP4 (indexed by the nibble; bit 3 is the sign). ggml also names it `kvalues_mxfp4`.',
  'iq1s_grid': 'IQ1_S / IQ1_M codebook: 2048 groups of 8 signed values in {-1, 0, 1} (one `i8` per byte, little-endian).',
- 'iq1s_grid_gpu': 'The [`iq1s_grid`] codebook as the GPU backends store it: 2048 groups of 8 values, each stored as `value + 1` in a nibble; value `j < 4` is the low nibble of byte `j`, value `j + 4` its high nibble (little-endian).',
 }
 
 
@@ -148,9 +143,9 @@ def fmt(rty, v):
 out = [
 '//! The IQ codebooks and small lookup tables of ggml, rebuilt value for value from the PyPI',
 f'//! package `gguf` {GGUF_VERSION} (MIT; `gguf/quants.py`: the IQ classes\' `grid_map` / `grid_hex`,',
-'//! `IQ2_XXS.ksigns`, `IQ4_NL.kvalues`, `MXFP4.kvalues`). `kmask_iq2xs`, `ksigns64` and',
-'//! `iq1s_grid_gpu`, which gguf-py does not carry, are derived from those (`1 << j`, `ksigns_iq2xs`,',
-'//! `iq1s_grid`). Every decoder using them is bit-exact against the ggml 0.25.3 fixtures.',
+'//! `IQ2_XXS.ksigns`, `IQ4_NL.kvalues`, `MXFP4.kvalues`). `kmask_iq2xs` and `ksigns64`, which',
+'//! gguf-py does not carry, are derived from those (`1 << j`, `ksigns_iq2xs`). Every decoder',
+'//! using them is bit-exact against the ggml 0.25.3 fixtures.',
 '//! Names, element types and layout are those of ggml\'s `ggml-common.h` tables (`uint64_t` ->',
 '//! `u64`, ...; `kvalues_mxfp4` is ggml\'s `kvalues_fp4`); a `u64` / `u32` grid entry packs',
 '//! 8 / 4 byte values, value `j` in byte `j` (little-endian), as ggml reads them through a',
