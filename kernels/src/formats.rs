@@ -851,11 +851,18 @@ fn signed_group8(g0: u32, g1: u32, signs: u32, db: f32, out: &mut Array<f32>, ba
     }
 }
 
+/// The 2-bit codes of entry `idx` of a [`Grid::Codes`] grid, value `j` at bits `2j..2j + 2`
+/// (bits 16 and up are the next entry's, or zero).
+#[cube]
+fn entry_codes(grid: &[u32], idx: u32) -> u32 {
+    grid[(idx / 2) as usize] >> (16 * (idx % 2))
+}
+
 /// The 8 values of IQ2 grid entry `idx` ([`Grid::Codes`]), each `db * value`, negated
 /// where bit `j` of `signs` is set; written to `out[base..base + 8]` (as [`signed_group8`]).
 #[cube]
 fn iq2_group8(grid: &[u32], idx: u32, signs: u32, db: f32, out: &mut Array<f32>, base: u32) {
-    let codes = grid[(idx / 2) as usize] >> (16 * (idx % 2));
+    let codes = entry_codes(grid, idx);
     #[unroll]
     for j in 0..8u32 {
         // Code `c` of value `j` as the shift `8c` of its byte in IQ2_LEVELS_WORD.
@@ -1043,7 +1050,7 @@ impl BlockDecode for IQ3S {
 /// `c + (delta - 1)`, exact in f32 as ggml's `grid + delta` is: the same one rounding.
 #[cube]
 fn iq1_group8(grid: &[u32], idx: u32, dl: f32, delta: f32, out: &mut Array<f32>, base: u32) {
-    let codes = grid[(idx / 2) as usize] >> (16 * (idx % 2));
+    let codes = entry_codes(grid, idx);
     let offset = delta - 1.0;
     #[unroll]
     for j in 0..8u32 {
