@@ -5,7 +5,7 @@
 //! buffer for a dense matmul). A tensor split into parts by rows (buffer size limits) runs once
 //! per part: ids outside `[row_start, row_start + part_rows)` produce zero rows, so the parts'
 //! outputs add up to the whole lookup.
-use crate::formats::{BlockDecode, CHUNK_ELEMS};
+use crate::formats::{BlockDecode, CHUNK_ELEMS, decode_values};
 use cubecl::prelude::*;
 
 /// One unit per 32-element chunk of each output row; `out` is `[ids.len(), cols]` f32.
@@ -31,11 +31,11 @@ pub fn dequantize_rows<F: BlockDecode>(
     if t < ids.len() as u32 {
         let id = ids[t as usize];
         let o = t * cols + c * comptime!(CHUNK_ELEMS);
-        let mut vals = Array::<f32>::new(comptime!(CHUNK_ELEMS as usize));
+        let mut vals = Array::<f32>::new(comptime!(F::FORM.out_len() as usize));
         if id >= row_start && id - row_start < part_rows {
             let b = c / chunks;
             let block = (id - row_start) * blocks * block_bytes + b * block_bytes;
-            F::decode_chunk(w, grid, block, c % chunks, &mut vals);
+            decode_values::<F>(w, grid, block, c % chunks, &mut vals);
         } else {
             #[unroll]
             for j in 0..comptime!(CHUNK_ELEMS) {

@@ -28,6 +28,73 @@ pub trait BlockFormat: 'static + Send + Sync {
     const STAGE_BLOCKS: u32 = stage_blocks(Self::BLOCK_BYTES, Self::BLOCK_ELEMS);
     /// The codebook the decoder reads from its grid buffer ([`Grid::None`] for most types).
     const GRID: Grid = Grid::None;
+    /// What [`BlockDecode::decode_chunk`] leaves in `out`: weights, or the chunk factored.
+    const FORM: ChunkForm = ChunkForm::Weights;
+}
+
+/// How [`BlockDecode::decode_chunk`] leaves a chunk in `out`. A factored chunk is small exact
+/// values and factors: element `e` is `scale[e / 16] * (out[e] + offset[e / 8])`, with the two
+/// half-chunk scales at `out[FACTOR_SCALES..]` and the four group offsets at
+/// `out[FACTOR_OFFSETS..]` ([`ChunkForm::Scaled`] has none: they are zero). The value plus its
+/// offset is exact in f32, so the product is the format's one rounding (ggml's
+/// `dl * (grid + delta)` for IQ1, `db * grid * sign` for IQ2) and [`decode_values`] stays
+/// bit-exact, while the own-rows GEMV multiplies by a scale once per 16 products and takes the
+/// offsets against sums of activations that all its weight rows share: a multiply (and with
+/// offsets an add) fewer per weight. Types whose weight is `d * q - m` with both products
+/// rounded (Q4_K, Q5_K, Q4_1, ...) cannot factor exactly this way and stay [`ChunkForm::Weights`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkForm {
+    /// `out[0..32]` are the weights.
+    Weights,
+    /// Values and two scales (`out[0..34]`).
+    Scaled,
+    /// Values, two scales and four offsets (`out[0..38]`).
+    ScaledOffsets,
+}
+
+impl ChunkForm {
+    /// Whether the chunk is factored (not [`ChunkForm::Weights`]).
+    pub const fn factored(self) -> bool {
+        !matches!(self, ChunkForm::Weights)
+    }
+
+    /// Whether the chunk has group offsets ([`ChunkForm::ScaledOffsets`]).
+    pub const fn offsets(self) -> bool {
+        matches!(self, ChunkForm::ScaledOffsets)
+    }
+
+    /// Length of the `out` array [`BlockDecode::decode_chunk`] writes in this form.
+    pub const fn out_len(self) -> u32 {
+        match self {
+            ChunkForm::Weights => CHUNK_ELEMS,
+            ChunkForm::Scaled => FACTOR_OFFSETS,
+            ChunkForm::ScaledOffsets => FACTOR_OFFSETS + 4,
+        }
+    }
+}
+
+/// Where a factored chunk ([`ChunkForm`]) keeps its two half-chunk scales in `out`:
+/// `out[FACTOR_SCALES + h]` for elements `16h..16h + 16`.
+pub const FACTOR_SCALES: u32 = CHUNK_ELEMS;
+/// Where a [`ChunkForm::ScaledOffsets`] chunk keeps its four group offsets:
+/// `out[FACTOR_OFFSETS + g]` for elements `8g..8g + 8`.
+pub const FACTOR_OFFSETS: u32 = CHUNK_ELEMS + 2;
+
+/// Sets a factored chunk's two half-chunk scales ([`ChunkForm`]): `s0` for elements `0..16`,
+/// `s1` for `16..32`.
+#[cube]
+fn set_scales(out: &mut Array<f32>, s0: f32, s1: f32) {
+    out[FACTOR_SCALES as usize] = s0;
+    out[comptime!(FACTOR_SCALES + 1) as usize] = s1;
+}
+
+/// Sets all four group offsets of a [`ChunkForm::ScaledOffsets`] chunk to `offset`.
+#[cube]
+fn set_offsets(out: &mut Array<f32>, offset: f32) {
+    #[unroll]
+    for g in 0..4u32 {
+        out[(FACTOR_OFFSETS + g) as usize] = offset;
+    }
 }
 
 /// Blocks of `bytes` bytes and `elems` elements staged per step by the own-rows GEMV: the most
@@ -123,10 +190,37 @@ fn level_codes(entry: u64, levels: [u8; 3]) -> u32 {
 }
 
 /// Decodes chunk `chunk` (0..CHUNKS) of the block starting at byte `block` of the word stream
-/// `w` into `out[0..32]`, in row order. `grid` is [`BlockFormat::GRID`] as words.
+/// `w` into `out` (in row order, [`BlockFormat::FORM`], [`ChunkForm::out_len`] values). `grid`
+/// is [`BlockFormat::GRID`] as words. [`decode_values`] gives the weights of any type.
 #[cube]
 pub trait BlockDecode: BlockFormat {
     fn decode_chunk(w: &[u32], grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>);
+}
+
+/// Decodes a chunk as [`BlockDecode::decode_chunk`] does, into weights in `out[0..32]` for
+/// every type: a factored chunk is multiplied out in place. `out` holds
+/// `F::FORM.out_len()` values.
+#[cube]
+pub fn decode_values<F: BlockDecode>(
+    w: &[u32],
+    grid: &[u32],
+    block: u32,
+    chunk: u32,
+    out: &mut Array<f32>,
+) {
+    F::decode_chunk(w, grid, block, chunk, out);
+    if comptime!(F::FORM.factored()) {
+        #[unroll]
+        for e in 0..CHUNK_ELEMS {
+            let scale = out[comptime!(FACTOR_SCALES + e / 16) as usize];
+            if comptime!(F::FORM.offsets()) {
+                let offset = out[comptime!(FACTOR_OFFSETS + e / 8) as usize];
+                out[e as usize] = scale * (out[e as usize] + offset);
+            } else {
+                out[e as usize] *= scale;
+            }
+        }
+    }
 }
 
 /// `F32`: 32 little-endian f32 per pseudo-block (128 bytes, always word aligned).
@@ -217,11 +311,14 @@ impl BlockFormat for Q5_0 {
     const TYPE: GgmlType = GgmlType::Q5_0;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 22;
+    const FORM: ChunkForm = ChunkForm::ScaledOffsets;
 }
 #[cube]
 impl BlockDecode for Q5_0 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
+        set_scales(out, d, d);
+        set_offsets(out, -16.0);
         let qh = read_u32(w, block + 2);
         #[unroll]
         for k in 0..4u32 {
@@ -232,8 +329,8 @@ impl BlockDecode for Q5_0 {
                 let b = (word >> (8 * i)) & 0xFF;
                 let xh0 = ((qh >> j) << 4) & 0x10;
                 let xh1 = (qh >> (j + 12)) & 0x10;
-                out[j as usize] = (f32::cast_from((b & 0x0F) | xh0) - 16.0) * d;
-                out[(j + 16) as usize] = (f32::cast_from((b >> 4) | xh1) - 16.0) * d;
+                out[j as usize] = f32::cast_from((b & 0x0F) | xh0);
+                out[(j + 16) as usize] = f32::cast_from((b >> 4) | xh1);
             }
         }
     }
@@ -295,6 +392,7 @@ impl BlockFormat for Q6K {
     const TYPE: GgmlType = GgmlType::Q6_K;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 210;
+    const FORM: ChunkForm = ChunkForm::ScaledOffsets;
 }
 #[cube]
 impl BlockDecode for Q6K {
@@ -310,15 +408,16 @@ impl BlockDecode for Q6K {
         let d0 = d * i8_to_f32(read_u8(w, sc));
         let d1 = d * i8_to_f32(read_u8(w, sc + 1));
         // Elements 0..16 use scale `sc`, 16..32 scale `sc + 1`.
+        set_scales(out, d0, d1);
+        set_offsets(out, -32.0);
         #[unroll]
         for k in 0..8u32 {
             let lw = read_u32(w, ql + 4 * k) >> ql_shift;
             let hw = read_u32(w, qh + 4 * k) >> qh_shift;
-            let dk = select(k < 4, d0, d1);
             #[unroll]
             for i in 0..4u32 {
                 let v = ((lw >> (8 * i)) & 0x0F) | (((hw >> (8 * i)) & 0x03) << 4);
-                out[(4 * k + i) as usize] = dk * (f32::cast_from(v) - 32.0);
+                out[(4 * k + i) as usize] = f32::cast_from(v);
             }
         }
     }
@@ -331,19 +430,22 @@ impl BlockFormat for Q4_0 {
     const TYPE: GgmlType = GgmlType::Q4_0;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 18;
+    const FORM: ChunkForm = ChunkForm::ScaledOffsets;
 }
 #[cube]
 impl BlockDecode for Q4_0 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
+        set_scales(out, d, d);
+        set_offsets(out, -8.0);
         #[unroll]
         for k in 0..4u32 {
             let word = read_u32(w, block + 2 + 4 * k);
             #[unroll]
             for i in 0..4u32 {
                 let b = (word >> (8 * i)) & 0xFF;
-                out[(4 * k + i) as usize] = (f32::cast_from(b & 0x0F) - 8.0) * d;
-                out[(4 * k + i + 16) as usize] = (f32::cast_from(b >> 4) - 8.0) * d;
+                out[(4 * k + i) as usize] = f32::cast_from(b & 0x0F);
+                out[(4 * k + i + 16) as usize] = f32::cast_from(b >> 4);
             }
         }
     }
@@ -455,6 +557,7 @@ impl BlockFormat for Q3K {
     const TYPE: GgmlType = GgmlType::Q3_K;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 110;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 
 /// Scale `k` (0..16) of a Q3_K block, from its 12 packed bytes at byte `scales`, minus 32.
@@ -476,16 +579,16 @@ impl BlockDecode for Q3K {
         let d0 = d * q3k_scale(w, block + 96, 8 * n + 2 * j);
         let d1 = d * q3k_scale(w, block + 96, 8 * n + 2 * j + 1);
         let qs = block + 32 + 32 * n;
+        set_scales(out, d0, d1);
         #[unroll]
         for k in 0..8u32 {
             let word = read_u32(w, qs + 4 * k) >> (2 * j);
             let hm = read_u32(w, block + 4 * k) >> chunk;
-            let dk = select(k < 4, d0, d1);
             #[unroll]
             for i in 0..4u32 {
                 let q = f32::cast_from((word >> (8 * i)) & 3);
                 let h = select(((hm >> (8 * i)) & 1) == 1, 0.0f32, 4.0f32);
-                out[(4 * k + i) as usize] = dk * (q - h);
+                out[(4 * k + i) as usize] = q - h;
             }
         }
     }
@@ -669,27 +772,30 @@ impl BlockFormat for IQ4NL {
     const TYPE: GgmlType = GgmlType::IQ4_NL;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 18;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for IQ4NL {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
-        iq4_nibbles(w, block + 2, d, out);
+        set_scales(out, d, d);
+        iq4_nibbles(w, block + 2, out);
     }
 }
 
-/// The 32 values of the 16 IQ4 nibble bytes at byte `qs`: element `j < 16` from the low nibble
-/// of byte `j`, `j + 16` from its high nibble; `y = d * kvalues_iq4nl[q]` (IQ4_NL and IQ4_XS).
+/// The 32 `kvalues_iq4nl[q]` of the 16 IQ4 nibble bytes at byte `qs`: element `j < 16` from the
+/// low nibble of byte `j`, `j + 16` from its high nibble; the values of a [`ChunkForm::Scaled`]
+/// chunk whose scale `d` makes `y = d * kvalues_iq4nl[q]` (IQ4_NL and IQ4_XS).
 #[cube]
-fn iq4_nibbles(w: &[u32], qs: u32, d: f32, out: &mut Array<f32>) {
+fn iq4_nibbles(w: &[u32], qs: u32, out: &mut Array<f32>) {
     #[unroll]
     for k in 0..4u32 {
         let word = read_u32(w, qs + 4 * k);
         #[unroll]
         for i in 0..4u32 {
             let b = (word >> (8 * i)) & 0xFF;
-            out[(4 * k + i) as usize] = d * kvalue_iq4nl(b & 0x0F);
-            out[(4 * k + i + 16) as usize] = d * kvalue_iq4nl(b >> 4);
+            out[(4 * k + i) as usize] = kvalue_iq4nl(b & 0x0F);
+            out[(4 * k + i + 16) as usize] = kvalue_iq4nl(b >> 4);
         }
     }
 }
@@ -703,6 +809,7 @@ impl BlockFormat for IQ4XS {
     const TYPE: GgmlType = GgmlType::IQ4_XS;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 136;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for IQ4XS {
@@ -713,7 +820,8 @@ impl BlockDecode for IQ4XS {
         let sl = (read_u8(w, block + 4 + chunk / 2) >> (4 * (chunk % 2))) & 0x0F;
         let ls = sl | (((scales_h >> (2 * chunk)) & 3) << 4);
         let dl = d * (f32::cast_from(ls) - 32.0);
-        iq4_nibbles(w, block + 8 + 16 * chunk, dl, out);
+        set_scales(out, dl, dl);
+        iq4_nibbles(w, block + 8 + 16 * chunk, out);
     }
 }
 
@@ -838,14 +946,15 @@ pub fn ksigns_iq2xs(i: u32) -> u32 {
     i | ((p & 1) << 7)
 }
 
-/// One 8-value group: values `0..4` are the bytes of `g0`, `4..8` those of `g1`, each
-/// `db * value`, negated where bit `j` of `signs` is set; written to `out[base..base + 8]`.
+/// One 8-value group: values `0..4` are the bytes of `g0`, `4..8` those of `g1`, negated
+/// where bit `j` of `signs` is set; written to `out[base..base + 8]`: the values of a
+/// [`ChunkForm::Scaled`] chunk, whose scale `db` makes ggml's `db * grid * sign` (IQ3).
 #[cube]
-fn signed_group8(g0: u32, g1: u32, signs: u32, db: f32, out: &mut Array<f32>, base: u32) {
+fn signed_group8(g0: u32, g1: u32, signs: u32, out: &mut Array<f32>, base: u32) {
     #[unroll]
     for j in 0..4u32 {
-        let v0 = db * f32::cast_from((g0 >> (8 * j)) & 0xFF);
-        let v1 = db * f32::cast_from((g1 >> (8 * j)) & 0xFF);
+        let v0 = f32::cast_from((g0 >> (8 * j)) & 0xFF);
+        let v1 = f32::cast_from((g1 >> (8 * j)) & 0xFF);
         out[(base + j) as usize] = select(((signs >> j) & 1) != 0, -v0, v0);
         out[(base + j + 4) as usize] = select(((signs >> (j + 4)) & 1) != 0, -v1, v1);
     }
@@ -858,10 +967,11 @@ fn entry_codes(grid: &[u32], idx: u32) -> u32 {
     grid[(idx / 2) as usize] >> (16 * (idx % 2))
 }
 
-/// The 8 values of IQ2 grid entry `idx` ([`Grid::Codes`]), each `db * value`, negated
-/// where bit `j` of `signs` is set; written to `out[base..base + 8]` (as [`signed_group8`]).
+/// The 8 values of IQ2 grid entry `idx` ([`Grid::Codes`]), negated where bit `j` of `signs`
+/// is set, to `out[base..base + 8]`: the values of a [`ChunkForm::Scaled`] chunk, whose scale
+/// `db` makes ggml's `db * grid * sign`.
 #[cube]
-fn iq2_group8(grid: &[u32], idx: u32, signs: u32, db: f32, out: &mut Array<f32>, base: u32) {
+fn iq2_group8(grid: &[u32], idx: u32, signs: u32, out: &mut Array<f32>, base: u32) {
     let codes = entry_codes(grid, idx);
     #[unroll]
     for j in 0..8u32 {
@@ -871,7 +981,7 @@ fn iq2_group8(grid: &[u32], idx: u32, signs: u32, db: f32, out: &mut Array<f32>,
         } else {
             (codes << comptime!(3 - 2 * j)) & 0x18
         };
-        let v = db * f32::cast_from((IQ2_LEVELS_WORD >> shift) & 0xFF);
+        let v = f32::cast_from((IQ2_LEVELS_WORD >> shift) & 0xFF);
         out[(base + j) as usize] = select(((signs >> j) & 1) != 0, -v, v);
     }
 }
@@ -889,6 +999,7 @@ impl BlockFormat for IQ2XXS {
         table: &ggml_codec::grids::iq2xxs_grid,
         levels: IQ2_LEVELS,
     };
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for IQ2XXS {
@@ -897,10 +1008,11 @@ impl BlockDecode for IQ2XXS {
         let a0 = read_u32(w, block + 2 + 8 * chunk);
         let a1 = read_u32(w, block + 6 + 8 * chunk);
         let db = d * (0.5 + f32::cast_from(a1 >> 28)) * 0.25;
+        set_scales(out, db, db);
         #[unroll]
         for l in 0..4u32 {
             let signs = ksigns_iq2xs((a1 >> (7 * l)) & 127);
-            iq2_group8(grid, (a0 >> (8 * l)) & 0xFF, signs, db, out, 8 * l);
+            iq2_group8(grid, (a0 >> (8 * l)) & 0xFF, signs, out, 8 * l);
         }
     }
 }
@@ -918,6 +1030,7 @@ impl BlockFormat for IQ2XS {
         table: &ggml_codec::grids::iq2xs_grid,
         levels: IQ2_LEVELS,
     };
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for IQ2XS {
@@ -926,21 +1039,14 @@ impl BlockDecode for IQ2XS {
         let sc = read_u8(w, block + 66 + chunk);
         let db0 = d * (0.5 + f32::cast_from(sc & 0x0F)) * 0.25;
         let db1 = d * (0.5 + f32::cast_from(sc >> 4)) * 0.25;
+        set_scales(out, db0, db1);
         #[unroll]
         for h in 0..2u32 {
             let pair = read_u32(w, block + 2 + 8 * chunk + 4 * h);
-            let db = select(h == 0, db0, db1);
             #[unroll]
             for i in 0..2u32 {
                 let q = (pair >> (16 * i)) & 0xFFFF;
-                iq2_group8(
-                    grid,
-                    q & 511,
-                    ksigns_iq2xs(q >> 9),
-                    db,
-                    out,
-                    8 * (2 * h + i),
-                );
+                iq2_group8(grid, q & 511, ksigns_iq2xs(q >> 9), out, 8 * (2 * h + i));
             }
         }
     }
@@ -959,6 +1065,7 @@ impl BlockFormat for IQ2S {
         table: &ggml_codec::grids::iq2s_grid,
         levels: IQ2_LEVELS,
     };
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for IQ2S {
@@ -970,11 +1077,11 @@ impl BlockDecode for IQ2S {
         let qs = read_u32(w, block + 2 + 4 * chunk);
         let signs = read_u32(w, block + 34 + 4 * chunk);
         let qh = read_u8(w, block + 66 + chunk);
+        set_scales(out, db0, db1);
         #[unroll]
         for l in 0..4u32 {
             let idx = ((qs >> (8 * l)) & 0xFF) | ((qh << (8 - 2 * l)) & 0x300);
-            let db = select(l < 2, db0, db1);
-            iq2_group8(grid, idx, (signs >> (8 * l)) & 0xFF, db, out, 8 * l);
+            iq2_group8(grid, idx, (signs >> (8 * l)) & 0xFF, out, 8 * l);
         }
     }
 }
@@ -989,6 +1096,7 @@ impl BlockFormat for IQ3XXS {
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 98;
     const GRID: Grid = Grid::U32(&ggml_codec::grids::iq3xxs_grid);
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for IQ3XXS {
@@ -996,6 +1104,7 @@ impl BlockDecode for IQ3XXS {
         let d = f16_to_f32(read_u16(w, block));
         let aux = read_u32(w, block + 66 + 4 * chunk);
         let db = d * (0.5 + f32::cast_from(aux >> 28)) * 0.5;
+        set_scales(out, db, db);
         #[unroll]
         for h in 0..2u32 {
             let q = read_u32(w, block + 2 + 8 * chunk + 4 * h);
@@ -1005,7 +1114,7 @@ impl BlockDecode for IQ3XXS {
                 let g0 = grid[((q >> (16 * i)) & 0xFF) as usize];
                 let g1 = grid[((q >> (16 * i + 8)) & 0xFF) as usize];
                 let signs = ksigns_iq2xs((aux >> (7 * l)) & 127);
-                signed_group8(g0, g1, signs, db, out, 8 * l);
+                signed_group8(g0, g1, signs, out, 8 * l);
             }
         }
     }
@@ -1021,6 +1130,7 @@ impl BlockFormat for IQ3S {
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 110;
     const GRID: Grid = Grid::U32(&ggml_codec::grids::iq3s_grid);
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for IQ3S {
@@ -1028,6 +1138,7 @@ impl BlockDecode for IQ3S {
         let d = f16_to_f32(read_u16(w, block));
         let sc = (read_u8(w, block + 106 + chunk / 2) >> (4 * (chunk % 2))) & 0x0F;
         let db = d * f32::cast_from(1 + 2 * sc);
+        set_scales(out, db, db);
         let qh = read_u8(w, block + 66 + chunk);
         let signs = read_u32(w, block + 74 + 4 * chunk);
         #[unroll]
@@ -1039,24 +1150,29 @@ impl BlockDecode for IQ3S {
                 let i0 = ((q >> (16 * i)) & 0xFF) | ((qh << (8 - 2 * l)) & 256);
                 let i1 = ((q >> (16 * i + 8)) & 0xFF) | ((qh << (7 - 2 * l)) & 256);
                 let (g0, g1) = (grid[i0 as usize], grid[i1 as usize]);
-                signed_group8(g0, g1, (signs >> (8 * l)) & 0xFF, db, out, 8 * l);
+                signed_group8(g0, g1, (signs >> (8 * l)) & 0xFF, out, 8 * l);
             }
         }
     }
 }
 
-/// The 8 values of `iq1s_grid` entry `idx` ([`Grid::Codes`], [`IQ1_LEVELS`]), each
-/// `dl * (value + delta)`. A code `c` is the value plus one, so `value + delta` is
-/// `c + (delta - 1)`, exact in f32 as ggml's `grid + delta` is: the same one rounding.
+/// The 8 level codes of `iq1s_grid` entry `idx` ([`Grid::Codes`], [`IQ1_LEVELS`]) as floats
+/// in `out[base..base + 8]`: a code `c` is the value plus one, so with the group offset
+/// `delta - 1` ([`iq1_factors`]) the weight is `dl * (c + (delta - 1))`, exact in the sum as
+/// ggml's `grid + delta` is: the same one rounding.
 #[cube]
-fn iq1_group8(grid: &[u32], idx: u32, dl: f32, delta: f32, out: &mut Array<f32>, base: u32) {
+fn iq1_codes8(grid: &[u32], idx: u32, out: &mut Array<f32>, base: u32) {
     let codes = entry_codes(grid, idx);
-    let offset = delta - 1.0;
     #[unroll]
     for j in 0..8u32 {
-        let c = f32::cast_from((codes >> (2 * j)) & 3);
-        out[(base + j) as usize] = dl * (c + offset);
+        out[(base + j) as usize] = f32::cast_from((codes >> (2 * j)) & 3);
     }
+}
+
+/// Group `l`'s offset for a delta sign `neg` ([`iq1_codes8`]), in `out[FACTOR_OFFSETS + l]`.
+#[cube]
+fn iq1_offset(neg: bool, out: &mut Array<f32>, l: u32) {
+    out[(FACTOR_OFFSETS + l) as usize] = select(neg, -IQ1_DELTA - 1.0, IQ1_DELTA - 1.0);
 }
 
 /// `IQ1S_DELTA` (= `IQ1M_DELTA`, ggml-common.h).
@@ -1075,6 +1191,7 @@ impl BlockFormat for IQ1S {
         table: &ggml_codec::grids::iq1s_grid,
         levels: IQ1_LEVELS,
     };
+    const FORM: ChunkForm = ChunkForm::ScaledOffsets;
 }
 #[cube]
 impl BlockDecode for IQ1S {
@@ -1082,12 +1199,14 @@ impl BlockDecode for IQ1S {
         let d = f16_to_f32(read_u16(w, block));
         let qh = read_u16(w, block + 34 + 2 * chunk);
         let dl = d * f32::cast_from(2 * ((qh >> 12) & 7) + 1);
-        let delta = select((qh & 0x8000) != 0, -IQ1_DELTA, IQ1_DELTA);
+        let neg = (qh & 0x8000) != 0;
         let qs = read_u32(w, block + 2 + 4 * chunk);
+        set_scales(out, dl, dl);
         #[unroll]
         for l in 0..4u32 {
             let idx = ((qs >> (8 * l)) & 0xFF) | (((qh >> (3 * l)) & 7) << 8);
-            iq1_group8(grid, idx, dl, delta, out, 8 * l);
+            iq1_codes8(grid, idx, out, 8 * l);
+            iq1_offset(neg, out, l);
         }
     }
 }
@@ -1106,6 +1225,7 @@ impl BlockFormat for IQ1M {
         table: &ggml_codec::grids::iq1s_grid,
         levels: IQ1_LEVELS,
     };
+    const FORM: ChunkForm = ChunkForm::ScaledOffsets;
 }
 #[cube]
 impl BlockDecode for IQ1M {
@@ -1122,14 +1242,14 @@ impl BlockDecode for IQ1M {
         let dl2 = d * f32::cast_from(2 * ((sc >> 3) & 7) + 1);
         let qs = read_u32(w, block + 4 * chunk);
         let qh = read_u16(w, block + 32 + 2 * chunk);
+        set_scales(out, dl1, dl2);
         #[unroll]
         for l in 0..4u32 {
             let h = (qh >> (8 * (l / 2))) & 0xFF;
             let idx = ((qs >> (8 * l)) & 0xFF) | ((h << (8 - 4 * (l % 2))) & 0x700);
-            let dl = select(l < 2, dl1, dl2);
             let neg = (h & (0x08u32 << (4 * (l % 2)))) != 0;
-            let delta = select(neg, -IQ1_DELTA, IQ1_DELTA);
-            iq1_group8(grid, idx, dl, delta, out, 8 * l);
+            iq1_codes8(grid, idx, out, 8 * l);
+            iq1_offset(neg, out, l);
         }
     }
 }
@@ -1139,7 +1259,7 @@ mod tests {
     use super::*;
 
     /// Every value of the IQ2 and IQ1 grids, as the decoders upload them, reads back from its
-    /// 2-bit codes the way the decoders read it (`iq2_group8`, `iq1_group8`).
+    /// 2-bit codes the way the decoders read it (`iq2_group8`, `iq1_codes8`).
     #[test]
     fn level_codes_round_trip() {
         let grids = [

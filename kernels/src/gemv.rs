@@ -20,13 +20,15 @@
 //!   `own_rows` whole rows and walks them a few blocks
 //!   ([`crate::formats::BlockFormat::STAGE_BLOCKS`]) at a time. The blocks are staged once into
 //!   registers with 4-word vector loads ([`stage_vec4`]), where the decoders' unaligned reads
-//!   would load two words per field, then decoded chunk by chunk from there; each activation is
-//!   loaded once (as 4-float vectors) for all the unit's rows. With `plane` the cube is one plane
+//!   would load two words per field, then decoded chunk by chunk from there (a factored chunk,
+//!   [`crate::formats::ChunkForm`], costs one multiply-add per weight, its scales applied once
+//!   per 16 products); each activation is loaded once (as 4-float vectors) for all the unit's
+//!   rows. With `plane` the cube is one plane
 //!   of `lanes` units: lane `l` loads activation vectors `l, l + lanes, ...` of a step and the
 //!   plane shares them with `plane_broadcast`, so the plane loads each activation once for
 //!   `lanes * own_rows` rows. Codebooks of up to [`LOCAL_GRID_MAX_WORDS`] words are first
 //!   copied into invocation-local memory, where a lookup is a gather rather than a loop.
-use crate::formats::{BlockDecode, CHUNK_ELEMS};
+use crate::formats::{BlockDecode, CHUNK_ELEMS, FACTOR_OFFSETS, FACTOR_SCALES, decode_values};
 use cubecl::prelude::*;
 
 /// The GEMV kernel. `x` is `[m, cols]` row-major f32, `y` is `[m, rows]`, `w` holds `rows`
@@ -63,12 +65,12 @@ pub fn gemv<F: BlockDecode>(
     for r in 0..m_pass {
         acc[r as usize] = 0.0;
     }
-    let mut vals = Array::<f32>::new(comptime!(CHUNK_ELEMS as usize));
+    let mut vals = Array::<f32>::new(comptime!(F::FORM.out_len() as usize));
     let mut c = lane;
     while c < n_chunks {
         let b = c / chunks;
         let k = c % chunks;
-        F::decode_chunk(w, grid, row_byte + b * block_bytes, k, &mut vals);
+        decode_values::<F>(w, grid, row_byte + b * block_bytes, k, &mut vals);
         let xb = b * block_elems + k * comptime!(CHUNK_ELEMS);
         #[unroll]
         for r in 0..m_pass {
@@ -210,9 +212,13 @@ pub fn gemv_rows<F: BlockDecode>(
 /// local). On a GPU the split kernel runs, which reads the buffer (cached loads).
 pub const LOCAL_GRID_MAX_WORDS: u32 = 1024;
 
-/// Activation rows one pass of [`gemv_rows`] takes for `m >= 2`; more take further passes, each
-/// reading the weights again.
-pub const OWN_ROWS_M: u32 = 2;
+/// Activation rows one pass of [`gemv_rows`] takes for `m >= 2` (`m = 2, 3` pad a pass); more
+/// take further passes, each reading and decoding the weights again. 4 rather than 2: the grid
+/// types' decode costs far more than a row's multiply-adds, and at m = 8 on 4096x4096 IQ2_XXS
+/// took 16.4-26.1 ms in passes of 4 against 38.6 ms in passes of 2 (`cargo xtask bench --quick
+/// --type IQ2_XXS --type IQ1_S --no-e2e`, 2026-12-01); the key types showed no clear
+/// difference either way in earlier runs.
+pub const OWN_ROWS_M: u32 = 4;
 
 /// `y[0..m]` for the unit's rows, the activation rows in passes of `m_pass` (the unrolled code
 /// and the registers it holds grow with it); each pass reads the weights once.
@@ -307,7 +313,16 @@ fn rows_blocks<F: BlockDecode>(
     let mut xs = Array::<f32>::new(comptime!((m_pass * step_elems) as usize));
     let mut staged = Array::<u32>::new(comptime!((words + 1) as usize));
     staged[words as usize] = 0;
-    let mut vals = Array::<f32>::new(comptime!(CHUNK_ELEMS as usize));
+    let mut vals = Array::<f32>::new(comptime!(F::FORM.out_len() as usize));
+    // For chunks with offsets, the sums of each 8 activations of the step,
+    // `xsum[r * groups + g]`.
+    let groups = comptime!(step_elems / 8);
+    let xsum_len = comptime!(if F::FORM.offsets() {
+        m_pass * groups
+    } else {
+        1
+    });
+    let mut xsum = Array::<f32>::new(comptime!(xsum_len as usize));
     // Rows past the last compute on the last row (in bounds) and are not stored.
     let last = rows - 1;
     // The unit's offset among the plane's activation loads (none when it loads them all).
@@ -346,6 +361,17 @@ fn rows_blocks<F: BlockDecode>(
                     }
                 }
             }
+            if comptime!(F::FORM.offsets()) {
+                #[unroll]
+                for g in 0..groups {
+                    let e = comptime!(r * step_elems + 8 * g);
+                    let a = (xs[e as usize] + xs[(e + 1) as usize])
+                        + (xs[(e + 2) as usize] + xs[(e + 3) as usize]);
+                    let b = (xs[(e + 4) as usize] + xs[(e + 5) as usize])
+                        + (xs[(e + 6) as usize] + xs[(e + 7) as usize]);
+                    xsum[(r * groups + g) as usize] = a + b;
+                }
+            }
         }
         // A runtime loop over the unit's rows (one copy of the step's code, so compile time
         // does not grow with `own_rows`), each row summed in registers and added to its
@@ -376,23 +402,36 @@ fn rows_blocks<F: BlockDecode>(
                         &mut vals,
                     );
                     let e0 = comptime!(g * block_elems + k * CHUNK_ELEMS);
-                    #[unroll]
-                    for r in 0..m_pass {
-                        // Four independent chains of fused multiply-adds: the chains do not
-                        // wait on each other's latency (the split kernel sums in order; both
-                        // are within GEMV_TOL).
-                        let mut s = Array::<f32>::new(4usize);
+                    if comptime!(F::FORM.factored()) {
+                        factored_chunk(
+                            &vals,
+                            &xs,
+                            &xsum,
+                            &mut sums,
+                            e0,
+                            m_pass,
+                            step_elems,
+                            comptime!(F::FORM.offsets()),
+                        );
+                    } else {
                         #[unroll]
-                        for q in 0..4u32 {
-                            s[q as usize] = 0.0;
+                        for r in 0..m_pass {
+                            // Four independent chains of fused multiply-adds: the chains do not
+                            // wait on each other's latency (the split kernel sums in order; both
+                            // are within GEMV_TOL).
+                            let mut s = Array::<f32>::new(4usize);
+                            #[unroll]
+                            for q in 0..4u32 {
+                                s[q as usize] = 0.0;
+                            }
+                            #[unroll]
+                            for e in 0..comptime!(CHUNK_ELEMS) {
+                                let xe = xs[(r * step_elems + e0 + e) as usize];
+                                let q = (e % 4) as usize;
+                                s[q] = fma(vals[e as usize], xe, s[q]);
+                            }
+                            sums[r as usize] += (s[0] + s[1]) + (s[2] + s[3]);
                         }
-                        #[unroll]
-                        for e in 0..comptime!(CHUNK_ELEMS) {
-                            let xe = xs[(r * step_elems + e0 + e) as usize];
-                            let q = (e % 4) as usize;
-                            s[q] = fma(vals[e as usize], xe, s[q]);
-                        }
-                        sums[r as usize] += (s[0] + s[1]) + (s[2] + s[3]);
                     }
                 }
             }
@@ -402,6 +441,55 @@ fn rows_blocks<F: BlockDecode>(
             }
         }
         b += group;
+    }
+}
+
+/// Adds a factored chunk ([`crate::formats::ChunkForm`]) at element `e0` of the step to
+/// `sums[r]` for each activation row `r`: per half-chunk `h`,
+/// `scale_h * (sum_e q_e x_e + sum_g offset_g xsum_g)` (the offsets only when `offsets`), so
+/// each weight costs one fused multiply-add (four independent chains per half, as in the
+/// unfactored path).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn factored_chunk(
+    vals: &Array<f32>,
+    xs: &Array<f32>,
+    xsum: &Array<f32>,
+    sums: &mut Array<f32>,
+    #[comptime] e0: u32,
+    #[comptime] m_pass: u32,
+    #[comptime] step_elems: u32,
+    #[comptime] offsets: bool,
+) {
+    let groups = comptime!(step_elems / 8);
+    #[unroll]
+    for r in 0..m_pass {
+        #[unroll]
+        for h in 0..2u32 {
+            let mut s = Array::<f32>::new(4usize);
+            #[unroll]
+            for q in 0..4u32 {
+                s[q as usize] = 0.0;
+            }
+            #[unroll]
+            for i in 0..16u32 {
+                let e = comptime!(16 * h + i);
+                let xe = xs[comptime!(r * step_elems + e0 + e) as usize];
+                let q = (i % 4) as usize;
+                s[q] = fma(vals[e as usize], xe, s[q]);
+            }
+            let mut t = (s[0] + s[1]) + (s[2] + s[3]);
+            if comptime!(offsets) {
+                #[unroll]
+                for g in 0..2u32 {
+                    let gi = comptime!(2 * h + g);
+                    let xg = xsum[comptime!(r * groups + e0 / 8 + gi) as usize];
+                    t = fma(vals[comptime!(FACTOR_OFFSETS + gi) as usize], xg, t);
+                }
+            }
+            let scale = vals[comptime!(FACTOR_SCALES + h) as usize];
+            sums[r as usize] = fma(scale, t, sums[r as usize]);
+        }
     }
 }
 

@@ -349,7 +349,7 @@ impl GemvConfig {
 
     /// The activation row counts that exercise every code path of this variant: for each
     /// pass width a full pass, one with padded rows where there is one (split: 1, 2, 3, 4, 5,
-    /// 8; own rows: 1, 2, 3 and 8, several passes).
+    /// 8; own rows: 1, 4, 5 and 8, several passes).
     pub fn test_rows(self) -> Vec<usize> {
         let mut v: Vec<usize> = match self {
             GemvConfig::Split { .. } => self
