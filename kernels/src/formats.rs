@@ -311,14 +311,11 @@ impl BlockFormat for Q5_0 {
     const TYPE: GgmlType = GgmlType::Q5_0;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 22;
-    const FORM: ChunkForm = ChunkForm::ScaledOffsets;
 }
 #[cube]
 impl BlockDecode for Q5_0 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
-        set_scales(out, d, d);
-        set_offsets(out, -16.0);
         let qh = read_u32(w, block + 2);
         #[unroll]
         for k in 0..4u32 {
@@ -329,8 +326,8 @@ impl BlockDecode for Q5_0 {
                 let b = (word >> (8 * i)) & 0xFF;
                 let xh0 = ((qh >> j) << 4) & 0x10;
                 let xh1 = (qh >> (j + 12)) & 0x10;
-                out[j as usize] = f32::cast_from((b & 0x0F) | xh0);
-                out[(j + 16) as usize] = f32::cast_from((b >> 4) | xh1);
+                out[j as usize] = (f32::cast_from((b & 0x0F) | xh0) - 16.0) * d;
+                out[(j + 16) as usize] = (f32::cast_from((b >> 4) | xh1) - 16.0) * d;
             }
         }
     }
@@ -430,22 +427,19 @@ impl BlockFormat for Q4_0 {
     const TYPE: GgmlType = GgmlType::Q4_0;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 18;
-    const FORM: ChunkForm = ChunkForm::ScaledOffsets;
 }
 #[cube]
 impl BlockDecode for Q4_0 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
-        set_scales(out, d, d);
-        set_offsets(out, -8.0);
         #[unroll]
         for k in 0..4u32 {
             let word = read_u32(w, block + 2 + 4 * k);
             #[unroll]
             for i in 0..4u32 {
                 let b = (word >> (8 * i)) & 0xFF;
-                out[(4 * k + i) as usize] = f32::cast_from(b & 0x0F);
-                out[(4 * k + i + 16) as usize] = f32::cast_from(b >> 4);
+                out[(4 * k + i) as usize] = (f32::cast_from(b & 0x0F) - 8.0) * d;
+                out[(4 * k + i + 16) as usize] = (f32::cast_from(b >> 4) - 8.0) * d;
             }
         }
     }
