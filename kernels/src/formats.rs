@@ -88,15 +88,6 @@ fn set_scales(out: &mut Array<f32>, s0: f32, s1: f32) {
     out[comptime!(FACTOR_SCALES + 1) as usize] = s1;
 }
 
-/// Sets all four group offsets of a [`ChunkForm::ScaledOffsets`] chunk to `offset`.
-#[cube]
-fn set_offsets(out: &mut Array<f32>, offset: f32) {
-    #[unroll]
-    for g in 0..4u32 {
-        out[(FACTOR_OFFSETS + g) as usize] = offset;
-    }
-}
-
 /// Blocks of `bytes` bytes and `elems` elements staged per step by the own-rows GEMV: the most
 /// (a power of two) that stay within 256 bytes and 256 elements, so small blocks share the
 /// vector loads that cover a misaligned start while the unrolled step's code stays small.
@@ -389,7 +380,6 @@ impl BlockFormat for Q6K {
     const TYPE: GgmlType = GgmlType::Q6_K;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 210;
-    const FORM: ChunkForm = ChunkForm::ScaledOffsets;
 }
 #[cube]
 impl BlockDecode for Q6K {
@@ -405,16 +395,15 @@ impl BlockDecode for Q6K {
         let d0 = d * i8_to_f32(read_u8(w, sc));
         let d1 = d * i8_to_f32(read_u8(w, sc + 1));
         // Elements 0..16 use scale `sc`, 16..32 scale `sc + 1`.
-        set_scales(out, d0, d1);
-        set_offsets(out, -32.0);
         #[unroll]
         for k in 0..8u32 {
             let lw = read_u32(w, ql + 4 * k) >> ql_shift;
             let hw = read_u32(w, qh + 4 * k) >> qh_shift;
+            let dk = select(k < 4, d0, d1);
             #[unroll]
             for i in 0..4u32 {
                 let v = ((lw >> (8 * i)) & 0x0F) | (((hw >> (8 * i)) & 0x03) << 4);
-                out[(4 * k + i) as usize] = f32::cast_from(v);
+                out[(4 * k + i) as usize] = dk * (f32::cast_from(v) - 32.0);
             }
         }
     }
