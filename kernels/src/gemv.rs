@@ -416,21 +416,8 @@ fn rows_blocks<F: BlockDecode>(
                     } else {
                         #[unroll]
                         for r in 0..m_pass {
-                            // Four independent chains of fused multiply-adds: the chains do not
-                            // wait on each other's latency (the split kernel sums in order; both
-                            // are within GEMV_TOL).
-                            let mut s = Array::<f32>::new(4usize);
-                            #[unroll]
-                            for q in 0..4u32 {
-                                s[q as usize] = 0.0;
-                            }
-                            #[unroll]
-                            for e in 0..comptime!(CHUNK_ELEMS) {
-                                let xe = xs[(r * step_elems + e0 + e) as usize];
-                                let q = (e % 4) as usize;
-                                s[q] = fma(vals[e as usize], xe, s[q]);
-                            }
-                            sums[r as usize] += (s[0] + s[1]) + (s[2] + s[3]);
+                            let x0 = comptime!(r * step_elems + e0);
+                            sums[r as usize] += dot_chains(&vals, &xs, 0u32, x0, CHUNK_ELEMS);
                         }
                     }
                 }
@@ -447,8 +434,7 @@ fn rows_blocks<F: BlockDecode>(
 /// Adds a factored chunk ([`crate::formats::ChunkForm`]) at element `e0` of the step to
 /// `sums[r]` for each activation row `r`: per half-chunk `h`,
 /// `scale_h * (sum_e q_e x_e + sum_g offset_g xsum_g)` (the offsets only when `offsets`), so
-/// each weight costs one fused multiply-add (four independent chains per half, as in the
-/// unfactored path).
+/// each weight costs one fused multiply-add ([`dot_chains`] per half).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn factored_chunk(
@@ -466,19 +452,8 @@ fn factored_chunk(
     for r in 0..m_pass {
         #[unroll]
         for h in 0..2u32 {
-            let mut s = Array::<f32>::new(4usize);
-            #[unroll]
-            for q in 0..4u32 {
-                s[q as usize] = 0.0;
-            }
-            #[unroll]
-            for i in 0..16u32 {
-                let e = comptime!(16 * h + i);
-                let xe = xs[comptime!(r * step_elems + e0 + e) as usize];
-                let q = (i % 4) as usize;
-                s[q] = fma(vals[e as usize], xe, s[q]);
-            }
-            let mut t = (s[0] + s[1]) + (s[2] + s[3]);
+            let x0 = comptime!(r * step_elems + e0 + 16 * h);
+            let mut t = dot_chains(vals, xs, comptime!(16 * h), x0, 16u32);
             if comptime!(offsets) {
                 #[unroll]
                 for g in 0..2u32 {
@@ -491,6 +466,30 @@ fn factored_chunk(
             sums[r as usize] = fma(scale, t, sums[r as usize]);
         }
     }
+}
+
+/// `sum_i vals[v0 + i] * xs[x0 + i]` for `i < n` (a multiple of 4), in four independent chains
+/// of fused multiply-adds: the chains do not wait on each other's latency (the split kernel sums
+/// in order; both are within GEMV_TOL).
+#[cube]
+fn dot_chains(
+    vals: &Array<f32>,
+    xs: &Array<f32>,
+    #[comptime] v0: u32,
+    #[comptime] x0: u32,
+    #[comptime] n: u32,
+) -> f32 {
+    let mut s = Array::<f32>::new(4usize);
+    #[unroll]
+    for q in 0..4u32 {
+        s[q as usize] = 0.0;
+    }
+    #[unroll]
+    for i in 0..n {
+        let q = (i % 4) as usize;
+        s[q] = fma(vals[(v0 + i) as usize], xs[(x0 + i) as usize], s[q]);
+    }
+    (s[0] + s[1]) + (s[2] + s[3])
 }
 
 /// What is known at compile time of where a staged run starts for blocks of `block_bytes`
