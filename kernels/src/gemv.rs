@@ -26,8 +26,9 @@
 //!   rows. With `plane` the cube is one plane
 //!   of `lanes` units: lane `l` loads activation vectors `l, l + lanes, ...` of a step and the
 //!   plane shares them with `plane_broadcast`, so the plane loads each activation once for
-//!   `lanes * own_rows` rows. Codebooks of up to [`LOCAL_GRID_MAX_WORDS`] words are first
-//!   copied into invocation-local memory, where a lookup is a gather rather than a loop.
+//!   `lanes * own_rows` rows. Codebooks of up to [`LOCAL_GRID_MAX_WORDS`] words are compiled
+//!   in: written as constants to invocation-local memory, where a lookup is a gather rather
+//!   than a loop.
 use crate::formats::{BlockDecode, CHUNK_ELEMS, FACTOR_OFFSETS, FACTOR_SCALES, decode_values};
 use cubecl::prelude::*;
 
@@ -137,8 +138,9 @@ pub fn gemv<F: BlockDecode>(
 pub type Vec4<T> = Vector<T, Const<4>>;
 
 /// The GEMV kernel in the own-rows layout. `w` is the word stream as 4-word vectors (its length
-/// padded to whole vectors, [`crate::words_len`]), `grid` the type's codebook as 4-word vectors
-/// ([`crate::grid_words`], whole vectors), `x` is `[m, cols]` f32 as 4-float vectors, `y` is
+/// padded to whole vectors, [`crate::words_len`]), `_grid` the type's codebook buffer
+/// ([`crate::grid_words`]), bound as for the split kernel but not read (the codebook is
+/// compiled in, [`LOCAL_GRID_MAX_WORDS`]), `x` is `[m, cols]` f32 as 4-float vectors, `y` is
 /// `[m, rows]`. Unit `l` of cube `c` owns rows `c * lanes * own_rows + j * lanes + l` for
 /// `j < own_rows` (CubeDim `(lanes, 1)`); with `plane`, `lanes` is the device's plane width.
 /// Activation rows go in `ceil(m / m_pass)` passes.
@@ -146,7 +148,7 @@ pub type Vec4<T> = Vector<T, Const<4>>;
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_rows<F: BlockDecode>(
     w: &[Vec4<u32>],
-    grid: &[Vec4<u32>],
+    _grid: &[Vec4<u32>],
     x: &[Vec4<f32>],
     y: &mut [f32],
     rows: u32,
@@ -162,24 +164,17 @@ pub fn gemv_rows<F: BlockDecode>(
     let first = cube * comptime!(lanes * own_rows) + lane;
     let grid_words = comptime!(F::GRID.len_words() as u32);
     comptime!(assert!(
-        grid_words <= LOCAL_GRID_MAX_WORDS && grid_words.is_multiple_of(4),
-        "the own-rows GEMV copies whole-vector codebooks of at most LOCAL_GRID_MAX_WORDS words"
+        grid_words <= LOCAL_GRID_MAX_WORDS,
+        "the own-rows GEMV compiles in codebooks of at most LOCAL_GRID_MAX_WORDS words"
     ));
-    // The codebook copied once into invocation-local memory (see LOCAL_GRID_MAX_WORDS), a
-    // vector per load. The copy stops at the buffer's end, so a short buffer cannot be read
-    // past. Types without one copy nothing (their decoders do not read it).
+    // The codebook written into invocation-local memory as compile-time constants (see
+    // LOCAL_GRID_MAX_WORDS). Types without one write nothing (their decoders do not read it).
     let mut local = Array::<u32>::new(comptime!(grid_words as usize));
     if comptime!(F::GRID.has_table()) {
-        let len = grid.len() as u32;
-        let n = select(len < grid_words / 4, len, comptime!(grid_words / 4));
-        let mut i = 0u32;
-        while i < n {
-            let v = grid[i as usize];
-            #[unroll]
-            for c in 0..4u32 {
-                local[(4 * i + c) as usize] = v.extract(c as usize);
-            }
-            i += 1;
+        let table = comptime!(F::GRID.words());
+        #[unroll]
+        for i in 0..grid_words {
+            local[i as usize] = comptime!(table[i as usize]);
         }
     }
     rows_passes::<F>(
@@ -198,18 +193,25 @@ pub fn gemv_rows<F: BlockDecode>(
     );
 }
 
-/// Largest codebook (in words) that [`gemv_rows`] copies into invocation-local memory before
-/// its loop, as every codebook is: the IQ2 and IQ1 grids as 2-bit codes and the IQ3 grids
-/// (128-1024 words). On lavapipe a storage-buffer load whose index differs between lanes
-/// becomes a loop over the SIMD lanes with a bounds-check branch in each step; an indexed local
-/// array is a plain gather (IQ2_XXS, m = 1, 4096x4096: 13.8 ms before, 9.7 ms with its table
-/// local, `cargo xtask bench --quick`, 2026-12-01), and the copy loads 4-word vectors, since a
-/// word per load is such a loop per word in every workgroup (IQ1_S, m = 1, 4096x4096: 10.1 ms
-/// copying words, 6.8 ms copying vectors). The cost is compile time, which grows faster
-/// than the table: with `MESA_SHADER_CACHE_DISABLE=true`, `cargo xtask kernel-test --op gemv`
-/// took 61 s instead of 44 s for IQ3_XXS (256 words), and for IQ1_S 4 min 13 s with its
-/// 1024-word codes (26 s reading the buffer; 10 min 21 s with the 2048-word `iq1s_grid_gpu`
-/// local). On a GPU the split kernel runs, which reads the buffer (cached loads).
+/// Largest codebook (in words) that [`gemv_rows`] compiles in, as every codebook is: the IQ2
+/// and IQ1 grids as 2-bit codes and the IQ3 grids (128-1024 words). The kernel writes the
+/// table's words ([`crate::formats::Grid::words`]) as constants to an invocation-local array
+/// before its loop, and its decoders look up that array. On lavapipe:
+/// - a storage-buffer load whose index differs between lanes, or is not a compile-time
+///   constant, is a loop over the SIMD lanes with a bounds-check branch in each step, where an
+///   indexed local array is a plain gather (IQ2_XXS, m = 1, 4096x4096: 13.8 ms reading the
+///   buffer, 9.7 ms with its table local, `cargo xtask bench --quick`, 2026-12-01);
+/// - copying the table from the buffer in a loop made every workgroup pay such a load per
+///   vector and a masked scatter per word. Written as constants, the table costs a plain
+///   vector store per word (IQ1_S, 1024 words, m = 1, 4096x4096: 4.4-4.9 ms in three runs,
+///   with the half-word staging of [`stage_vectors`] in the same change, against 5.2-6.0 ms
+///   copying 4-word vectors in a loop; runs alternating, 2026-12-02).
+///
+/// The cost is compile time, which grows faster than the table: `cargo xtask kernel-test --type
+/// IQ1_S --op gemv` took 4 min 11 s with the table compiled in (all but two of its shaders new
+/// to Mesa's cache), about what the loop took with the cache disabled (4 min 13 s); loading the
+/// table in an unrolled copy took 9 min 11 s. On a GPU the split kernel runs, which reads the
+/// buffer (cached loads).
 pub const LOCAL_GRID_MAX_WORDS: u32 = 1024;
 
 /// Activation rows one pass of [`gemv_rows`] takes for `m >= 2` (`m = 2, 3` pad a pass); more
@@ -382,7 +384,7 @@ fn rows_blocks<F: BlockDecode>(
                 w,
                 row * row_bytes + b * block_bytes,
                 &mut staged,
-                words,
+                comptime!(group * F::BLOCK_BYTES),
                 align,
             );
             let mut sums = Array::<f32>::new(comptime!(m_pass as usize));
@@ -494,43 +496,50 @@ fn dot_chains(
 
 /// What is known at compile time of where a staged run starts for blocks of `block_bytes`
 /// bytes (every start is a multiple of `block_bytes`, since rows are whole blocks and each
-/// buffer starts on a row): 16 (on a vector), 4 (on a word) or 1 (anywhere).
+/// buffer starts on a row): 16 (on a vector), 4 (on a word), 2 (on a half-word: every ggml
+/// block but MXFP4's has an even size) or 1 (anywhere).
 pub const fn stage_alignment(block_bytes: u32) -> u32 {
     let bytes = block_bytes;
     if bytes.is_multiple_of(16) {
         16
     } else if bytes.is_multiple_of(4) {
         4
+    } else if bytes.is_multiple_of(2) {
+        2
     } else {
         1
     }
 }
 
-/// Vectors [`stage_vec4`] loads for `words` words at `align`: enough for the words after a
-/// start anywhere in a vector, plus the next word when the start is not on a word.
-pub const fn stage_vectors(words: u32, align: u32) -> u32 {
-    match align {
-        16 => words / 4,
-        4 => (words + 3).div_ceil(4),
-        _ => (words + 4).div_ceil(4),
-    }
+/// Vectors [`stage_vec4`] loads for a run of `bytes` bytes that starts on a multiple of
+/// `align` (1, 2, 4 or 16): enough to cover the run from the latest such start in a vector,
+/// `16 - align` bytes in. (IQ1_S, 50 bytes on half-words: 4 vectors, where counting whole
+/// words after a start anywhere took 5.)
+pub const fn stage_vectors(bytes: u32, align: u32) -> u32 {
+    (16 - align + bytes).div_ceil(16)
 }
 
-/// Copies the `words * 4` bytes from byte `start` of the vector stream `w` into
-/// `out[0..words]` as words, with [`stage_vectors`] vector loads (one instruction each) and
-/// register shuffles: `align` says what is known of `start` at compile time. The stream's
-/// padding ([`crate::words_len`]) keeps every load in bounds for the last block of a buffer.
+/// Copies the `bytes` bytes from byte `start` of the vector stream `w` into
+/// `out[0..bytes.div_ceil(4)]` as words, with [`stage_vectors`] vector loads (one instruction
+/// each) and register shuffles: `align` says what is known of `start` at compile time. Bytes
+/// of the last word past the run may read as zero rather than as the stream's next bytes. The
+/// stream's padding ([`crate::words_len`]) keeps every load in bounds for the last block of a
+/// buffer.
 #[cube]
 pub fn stage_vec4(
     w: &[Vec4<u32>],
     start: u32,
     out: &mut Array<u32>,
-    #[comptime] words: u32,
+    #[comptime] bytes: u32,
     #[comptime] align: u32,
 ) {
     let v0 = start / 16;
-    let nv = comptime!(stage_vectors(words, align));
-    let mut flat = Array::<u32>::new(comptime!((4 * nv) as usize));
+    let words = comptime!(bytes.div_ceil(4));
+    let nv = comptime!(stage_vectors(bytes, align));
+    // The loaded words, then zeros up to the last word `pick4` reads (`words + 3`).
+    let len = comptime!(4 * nv);
+    let flat_len = comptime!(if len > words + 4 { len } else { words + 4 });
+    let mut flat = Array::<u32>::new(comptime!(flat_len as usize));
     #[unroll]
     for t in 0..nv {
         let v = w[(v0 + t) as usize];
@@ -539,6 +548,10 @@ pub fn stage_vec4(
             flat[(4 * t + c) as usize] = v.extract(c as usize);
         }
     }
+    #[unroll]
+    for i in len..flat_len {
+        flat[i as usize] = 0;
+    }
     if comptime!(align == 16) {
         #[unroll]
         for i in 0..words {
@@ -546,7 +559,8 @@ pub fn stage_vec4(
         }
     } else {
         // Word `q + i` of the loaded vectors is word `i` of the run; with a byte offset `s`,
-        // each word is funnel-shifted from two.
+        // each word is funnel-shifted from two. Loaded words past the vectors are past the
+        // run's end, and read as zero.
         let q = (start / 4) % 4;
         let s = (start % 4) * 8;
         let mut lo = pick4(&flat, q, 0u32);

@@ -20,9 +20,13 @@
 //!   allocation included), and the **dense** path: Burn's f32 matmul of a dequantized weight of
 //!   the same shape ([`DenseWeight`], split by rows like the loader's), what a model runs when the
 //!   loader does not pack. The dense time does not depend on the source type, so it is measured
-//!   once per shape and batch (on random f32 values). `packed_over_dense` is Burn-path packed
-//!   time over dense time (below 1: packed is faster); `--quick` skips the Burn path and divides
-//!   the kernel's time instead (`packed_over_dense_from` says which).
+//!   once per shape and batch (on random f32 values); on the first shape (4096 x 4096, which every
+//!   type runs on) it is timed again for each type at one activation row, in rounds alternating
+//!   with the kernel's ([`measure_alternating`]: a shared machine's speed drifts over a run, and
+//!   the ratio of two times taken side by side is steadier), and that row reports it
+//!   (`dense_alternated`). `packed_over_dense` is Burn-path packed time over dense time (below
+//!   1: packed is faster); `--quick` skips the Burn path and divides the kernel's time instead
+//!   (`packed_over_dense_from` says which).
 //! - **prefill**: 512 activation rows through [`GgmlTensor::matmul_t`] (which dequantizes bounded
 //!   chunks of rows and uses Burn's matmul) against the dense matmul; GFLOP/s = 2 * m * rows * cols
 //!   / seconds / 10^9.
@@ -37,8 +41,8 @@
 //!   warm-up calls and the first generation slower.
 //!
 //! `--quick` runs every type on the first shape at 1 and 8 rows but only the key types at 1 row
-//! on the others, prefill on the first shape, two timed calls after the warm-up where a call
-//! takes over 0.025 s, and a short generation.
+//! on the others, prefill on the first shape, rounds of at least 0.05 s and one call (so one
+//! timed call per round where a call takes longer), and a short generation.
 //!
 //! Weights are random valid blocks (a small set repeated: the values do not matter for timing,
 //! only that they decode to finite numbers).
@@ -148,6 +152,20 @@ struct Timing {
     iterations: usize,
 }
 
+impl Timing {
+    /// No round yet.
+    const NONE: Timing = Timing {
+        seconds: f64::INFINITY,
+        iterations: 0,
+    };
+
+    /// Takes in a round's mean seconds per call and its calls.
+    fn add_round(&mut self, (seconds, calls): (f64, usize)) {
+        self.seconds = self.seconds.min(seconds);
+        self.iterations += calls;
+    }
+}
+
 /// Rounds of a measurement. Each round repeats the call for the whole [`Budget`] and the least
 /// round mean is reported: other jobs on a shared machine only ever slow a round down, so the
 /// fastest round is the closest to what the device can do (the read kernel and the GEMV are
@@ -164,34 +182,66 @@ fn measure(
 ) -> Result<Timing, String> {
     call()?;
     sync()?;
-    let mut best = f64::INFINITY;
-    let mut total_calls = 0;
+    let mut timing = Timing::NONE;
     for _ in 0..ROUNDS {
-        let start = Instant::now();
-        let (mut n, mut batch) = (0usize, 1usize);
-        loop {
-            for _ in 0..batch {
-                call()?;
-            }
-            sync()?;
-            n += batch;
-            let elapsed = start.elapsed().as_secs_f64();
-            if elapsed >= budget.min_s && n >= budget.min_iters {
-                best = best.min(elapsed / n as f64);
-                total_calls += n;
-                break;
-            }
-            // Aim at the budget from the mean so far; grow at most 4x per batch, and sync at
-            // least every 1024 calls so the queue stays short.
-            let per_call = (elapsed / n as f64).max(1e-9);
-            let total = ((budget.min_s * 1.02 / per_call).ceil() as usize).max(budget.min_iters);
-            batch = total.saturating_sub(n).clamp(1, (4 * n).min(1024));
-        }
+        timing.add_round(round(budget, &mut call, &sync)?);
     }
-    Ok(Timing {
-        seconds: best,
-        iterations: total_calls,
-    })
+    Ok(timing)
+}
+
+/// [`measure`] for two calls, their rounds alternating (`a`, `b`, `a`, `b`, ...). The speed of
+/// a shared machine drifts over a run (other tenants of the host; on this VM the dense 4096 x
+/// 4096 f32 GEMV took 48-107 ms in different runs of the same binary), so two measurements
+/// taken minutes apart can differ by that drift alone; alternating rounds lets both see the
+/// same drift, and their ratio is what stays steady.
+fn measure_alternating(
+    budget: Budget,
+    (mut a, sync_a): (
+        impl FnMut() -> Result<(), String>,
+        impl Fn() -> Result<(), String>,
+    ),
+    (mut b, sync_b): (
+        impl FnMut() -> Result<(), String>,
+        impl Fn() -> Result<(), String>,
+    ),
+) -> Result<(Timing, Timing), String> {
+    a()?;
+    sync_a()?;
+    b()?;
+    sync_b()?;
+    let (mut ta, mut tb) = (Timing::NONE, Timing::NONE);
+    for _ in 0..ROUNDS {
+        ta.add_round(round(budget, &mut a, &sync_a)?);
+        tb.add_round(round(budget, &mut b, &sync_b)?);
+    }
+    Ok((ta, tb))
+}
+
+/// One round: `call` repeated in batches, each followed by `sync`, until `budget` is spent;
+/// the mean seconds per call and the calls made.
+fn round(
+    budget: Budget,
+    call: &mut impl FnMut() -> Result<(), String>,
+    sync: &impl Fn() -> Result<(), String>,
+) -> Result<(f64, usize), String> {
+    let start = Instant::now();
+    let (mut n, mut batch) = (0usize, 1usize);
+    loop {
+        for _ in 0..batch {
+            call()?;
+        }
+        sync()?;
+        n += batch;
+        let elapsed = start.elapsed().as_secs_f64();
+        if elapsed >= budget.min_s && n >= budget.min_iters {
+            return Ok((elapsed / n as f64, n));
+        }
+        // Aim at the budget from the mean so far; grow at most 4x per batch, and sync at
+        // least every 1024 calls so the queue stays short.
+        let per_call = (elapsed / n as f64).max(1e-9);
+        let total = ((budget.min_s * 1.02 / per_call).ceil() as usize).max(budget.min_iters);
+        batch = total.saturating_sub(n).clamp(1, (4 * n).min(1024));
+    }
 }
 
 /// Each unit XORs `READ_UNROLL` vectors of `w` (cube `c` reads the `CUBE_DIM * unroll` vectors
@@ -348,16 +398,28 @@ fn sync_device(device: &Device) -> Result<(), String> {
 }
 
 /// Times the fused GEMV kernel on `w` for `m` activation rows with `config`.
-#[allow(clippy::too_many_arguments)]
 fn time_gemv(
     client: &Client,
     ty: GgmlType,
     w: &RawWeight,
-    cols: usize,
-    m: usize,
+    [cols, m]: [usize; 2],
     config: GemvConfig,
     budget: Budget,
 ) -> Result<Timing, String> {
+    measure(budget, gemv_call(client, ty, w, [cols, m], config), || {
+        sync_client(client)
+    })
+}
+
+/// One launch of the fused GEMV kernel on `w` (each of its buffers) for a random `x` of
+/// `[m, cols]`, as a call to time.
+fn gemv_call<'a>(
+    client: &'a Client,
+    ty: GgmlType,
+    w: &'a RawWeight,
+    [cols, m]: [usize; 2],
+    config: GemvConfig,
+) -> impl FnMut() -> Result<(), String> + 'a {
     let x = rand_f32(m * cols, m as u64);
     let xh = client.create_from_slice(f32::as_bytes(&x));
     let ys: Vec<_> = w
@@ -365,27 +427,23 @@ fn time_gemv(
         .iter()
         .map(|p| client.empty(m * p.rows * size_of::<f32>()))
         .collect();
-    measure(
-        budget,
-        || {
-            for (p, y) in w.parts.iter().zip(&ys) {
-                // SAFETY: each length is that of the buffer it describes (launch_gemv checks them
-                // against the shapes).
-                let (wa, ga, xa, ya) = unsafe {
-                    (
-                        BufferArg::from_raw_parts(p.handle.clone(), p.words),
-                        BufferArg::from_raw_parts(w.grid.0.clone(), w.grid.1),
-                        BufferArg::from_raw_parts(xh.clone(), x.len()),
-                        BufferArg::from_raw_parts(y.clone(), m * p.rows),
-                    )
-                };
-                ggml_kernels::launch_gemv(client, ty, wa, ga, xa, ya, p.rows, cols, config)
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok(())
-        },
-        || sync_client(client),
-    )
+    move || {
+        for (p, y) in w.parts.iter().zip(&ys) {
+            // SAFETY: each length is that of the buffer it describes (launch_gemv checks them
+            // against the shapes).
+            let (wa, ga, xa, ya) = unsafe {
+                (
+                    BufferArg::from_raw_parts(p.handle.clone(), p.words),
+                    BufferArg::from_raw_parts(w.grid.0.clone(), w.grid.1),
+                    BufferArg::from_raw_parts(xh.clone(), x.len()),
+                    BufferArg::from_raw_parts(y.clone(), m * p.rows),
+                )
+            };
+            ggml_kernels::launch_gemv(client, ty, wa, ga, xa, ya, p.rows, cols, config)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
 }
 
 /// Times `f(x)` through Burn for a random `x` of `[m, cols]`.
@@ -396,18 +454,26 @@ fn time_burn(
     budget: Budget,
     f: impl Fn(Tensor<2>) -> Tensor<2>,
 ) -> Result<Timing, String> {
+    measure(budget, burn_call(device, m, cols, f), || {
+        sync_device(device)
+    })
+}
+
+/// `f(x)` through Burn for a random `x` of `[m, cols]`, as a call to time.
+fn burn_call<'a>(
+    device: &Device,
+    m: usize,
+    cols: usize,
+    f: impl Fn(Tensor<2>) -> Tensor<2> + 'a,
+) -> impl FnMut() -> Result<(), String> + 'a {
     let x = Tensor::<2>::from_data(
         TensorData::new(rand_f32(m * cols, 17 + m as u64), [m, cols]),
         device,
     );
-    measure(
-        budget,
-        || {
-            drop(f(x.clone()));
-            Ok(())
-        },
-        || sync_device(device),
-    )
+    move || {
+        drop(f(x.clone()));
+        Ok(())
+    }
 }
 
 /// Random valid blocks of `ty` for a `[rows, cols]` tensor: 8,192 elements' worth of blocks from
@@ -447,14 +513,14 @@ struct Bench {
 }
 
 impl Bench {
-    /// The dense path on `shape`: seconds per call for each of `batches`, and for
-    /// [`PREFILL_ROWS`] when `prefill`.
+    /// The dense path on `shape`: the weight, and seconds per call for each of `batches` and
+    /// for [`PREFILL_ROWS`] when `prefill`.
     fn dense(
         &self,
         shape: [usize; 2],
         batches: &[usize],
         prefill: bool,
-    ) -> Result<(Vec<Timing>, Option<Timing>), String> {
+    ) -> Result<(Weight, Vec<Timing>, Option<Timing>), String> {
         let [rows, cols] = shape;
         let values = rand_f32(rows * cols, 99);
         let dense = DenseWeight::from_values(
@@ -481,18 +547,23 @@ impl Bench {
             )?),
             false => None,
         };
-        Ok((times, prefill))
+        Ok((dense, times, prefill))
     }
 
     /// The packed measurements of `ty` on `shape`: one GEMV row per batch, and the prefill row
     /// when `dense_prefill` (the dense time to compare with) is given; each is printed, then
-    /// handed to `emit` as JSON with `true` for the prefill row.
+    /// handed to `emit` as JSON with `true` for the prefill row. `dense` has the shape's dense
+    /// times per batch; with `alternate` the kernel at one activation row is timed in rounds
+    /// alternating with the `dense_weight` GEMV ([`measure_alternating`]), and that row
+    /// compares with the dense time measured there.
+    #[allow(clippy::too_many_arguments)]
     fn packed(
         &self,
         ty: GgmlType,
         shape: [usize; 2],
         batches: &[usize],
-        dense: &[Timing],
+        (dense_weight, dense): (&Weight, &[Timing]),
+        alternate: bool,
         dense_prefill: Option<Timing>,
         emit: &mut dyn FnMut(Value, bool) -> Result<(), String>,
     ) -> Result<(), String> {
@@ -505,8 +576,24 @@ impl Bench {
         let tensor =
             GgmlTensor::from_bytes(&bytes, ty, shape, &self.device).map_err(|e| e.to_string())?;
         drop(bytes);
-        for (&m, d) in batches.iter().zip(dense) {
-            let k = time_gemv(&self.client, ty, &raw, cols, m, self.config, self.budget)?;
+        for (&m, &d) in batches.iter().zip(dense) {
+            let alternated = alternate && m == 1;
+            let (k, d) = if alternated {
+                measure_alternating(
+                    self.budget,
+                    (
+                        gemv_call(&self.client, ty, &raw, [cols, m], self.config),
+                        || sync_client(&self.client),
+                    ),
+                    (
+                        burn_call(&self.device, m, cols, |x| dense_weight.matmul_t(x)),
+                        || sync_device(&self.device),
+                    ),
+                )?
+            } else {
+                let k = time_gemv(&self.client, ty, &raw, [cols, m], self.config, self.budget)?;
+                (k, d)
+            };
             let b = match self.burn_path {
                 true => Some(time_burn(&self.device, m, cols, self.budget, |x| {
                     tensor.matmul_t(x)
@@ -543,6 +630,7 @@ impl Bench {
                 "ratio_to_read": ratio,
                 "burn_seconds": b.map(|b| b.seconds),
                 "dense_seconds": d.seconds,
+                "dense_alternated": alternated,
                 "dense_gbps": (rows * cols * 4) as f64 / d.seconds / 1e9,
                 "packed_over_dense": packed / d.seconds,
                 "packed_over_dense_from": if b.is_some() { "burn" } else { "kernel" },
@@ -595,7 +683,7 @@ pub fn run(opts: &Options) -> Result<(), String> {
         min_s: opts
             .min_time
             .unwrap_or(if opts.quick { 0.05 } else { 0.25 }),
-        min_iters: if opts.quick { 2 } else { 3 },
+        min_iters: if opts.quick { 1 } else { 3 },
     };
     if !(budget.min_s.is_finite() && budget.min_s >= 0.0) {
         return Err(format!("--min-time {} is not a duration", budget.min_s));
@@ -740,14 +828,17 @@ pub fn run(opts: &Options) -> Result<(), String> {
         }
         let prefill_here = !reduced && fitting.iter().any(|t| prefill_types.contains(t));
 
-        let (dense, dense_prefill) = bench.dense(shape, batches, prefill_here)?;
+        let (dense_weight, dense, dense_prefill) = bench.dense(shape, batches, prefill_here)?;
         for ty in fitting {
             let prefill = dense_prefill.filter(|_| prefill_types.contains(&ty));
+            // The first shape, which every type runs on, times the dense GEMV again for each
+            // type at one activation row; the others keep the --quick run short.
             bench.packed(
                 ty,
                 shape,
                 batches,
-                &dense,
+                (&dense_weight, &dense),
+                si == 0,
                 prefill,
                 &mut |row, is_prefill| {
                     match is_prefill {
@@ -792,6 +883,29 @@ mod tests {
         assert!(t.iterations >= 3 * ROUNDS);
         assert_eq!(calls, t.iterations + 1);
         assert!(t.seconds >= 0.001);
+    }
+
+    /// The two calls' rounds take turns after one warm-up call each, and each timing counts
+    /// only its own calls.
+    #[test]
+    fn alternating_rounds_take_turns() {
+        let budget = Budget {
+            min_s: 0.0,
+            min_iters: 2,
+        };
+        let log = std::cell::RefCell::new(String::new());
+        let call = |c: char| {
+            let log = &log;
+            move || {
+                log.borrow_mut().push(c);
+                Ok(())
+            }
+        };
+        let (ta, tb) =
+            measure_alternating(budget, (call('a'), || Ok(())), (call('b'), || Ok(()))).unwrap();
+        assert_eq!(*log.borrow(), format!("ab{}", "aabb".repeat(ROUNDS)));
+        assert_eq!((ta.iterations, tb.iterations), (2 * ROUNDS, 2 * ROUNDS));
+        assert!(ta.seconds.is_finite() && tb.seconds.is_finite());
     }
 
     #[test]
