@@ -33,15 +33,22 @@ pub trait BlockFormat: 'static + Send + Sync {
 }
 
 /// How [`BlockDecode::decode_chunk`] leaves a chunk in `out`. A factored chunk is small exact
-/// values and factors: element `e` is `scale[e / 16] * (out[e] + offset[e / 8])`, with the two
-/// half-chunk scales at `out[FACTOR_SCALES..]` and the four group offsets at
-/// `out[FACTOR_OFFSETS..]` ([`ChunkForm::Scaled`] has none: they are zero). The value plus its
-/// offset is exact in f32, so the product is the format's one rounding (ggml's
-/// `dl * (grid + delta)` for IQ1, `db * grid * sign` for IQ2) and [`decode_values`] stays
-/// bit-exact, while the own-rows GEMV multiplies by a scale once per 16 products and takes the
-/// offsets against sums of activations that all its weight rows share: a multiply (and with
-/// offsets an add) fewer per weight. Types whose weight is `d * q - m` with both products
-/// rounded (Q4_K, Q5_K, Q4_1, ...) cannot factor exactly this way and stay [`ChunkForm::Weights`].
+/// values and factors, the two half-chunk scales at `out[FACTOR_SCALES..]`:
+/// - [`ChunkForm::Scaled`] and [`ChunkForm::ScaledOffsets`]: element `e` is
+///   `scale[e / 16] * (out[e] + offset[e / 8])`, the four group offsets at
+///   `out[FACTOR_OFFSETS..]` (zero for `Scaled`). The value plus its offset is exact in f32, so
+///   the product is the format's one rounding (ggml's `dl * (grid + delta)` for IQ1,
+///   `db * grid * sign` for IQ2).
+/// - [`ChunkForm::ScaledBiases`]: element `e` is `scale[e / 16] * out[e] + bias[e / 16]`, the two
+///   half-chunk biases at `out[FACTOR_BIASES..]`: ggml's `d * q - m` (Q4_K, Q5_K, Q2_K, with the
+///   bias `-m`) and `d * q + m` (Q4_1, Q5_1), both of its roundings.
+///
+/// [`decode_values`] multiplies the factors back out in the format's order of operations, so it
+/// stays bit-exact. The own-rows GEMV multiplies by a scale once per 16 products and takes the
+/// offsets or biases against sums of activations that all its weight rows share
+/// (`sum_e (s q_e + b) x_e = s sum_e q_e x_e + b sum_e x_e`, llama.cpp's `mul_mat_vec` order):
+/// a multiply (and an add) fewer per weight, with the GEMV's rounding (within
+/// [`crate::check::GEMV_TOL`]) rather than the weights'.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkForm {
     /// `out[0..32]` are the weights.
@@ -50,6 +57,8 @@ pub enum ChunkForm {
     Scaled,
     /// Values, two scales and four offsets (`out[0..38]`).
     ScaledOffsets,
+    /// Values, two scales and two biases (`out[0..36]`).
+    ScaledBiases,
 }
 
 impl ChunkForm {
@@ -63,12 +72,28 @@ impl ChunkForm {
         matches!(self, ChunkForm::ScaledOffsets)
     }
 
+    /// Whether the chunk has half-chunk biases ([`ChunkForm::ScaledBiases`]).
+    pub const fn biases(self) -> bool {
+        matches!(self, ChunkForm::ScaledBiases)
+    }
+
+    /// Elements per activation sum the GEMV takes against this form's offsets (8) or biases
+    /// (16); 0 when it has neither.
+    pub const fn sum_elems(self) -> u32 {
+        match self {
+            ChunkForm::ScaledOffsets => 8,
+            ChunkForm::ScaledBiases => 16,
+            ChunkForm::Weights | ChunkForm::Scaled => 0,
+        }
+    }
+
     /// Length of the `out` array [`BlockDecode::decode_chunk`] writes in this form.
     pub const fn out_len(self) -> u32 {
         match self {
             ChunkForm::Weights => CHUNK_ELEMS,
             ChunkForm::Scaled => FACTOR_OFFSETS,
             ChunkForm::ScaledOffsets => FACTOR_OFFSETS + 4,
+            ChunkForm::ScaledBiases => FACTOR_BIASES + 2,
         }
     }
 }
@@ -79,6 +104,9 @@ pub const FACTOR_SCALES: u32 = CHUNK_ELEMS;
 /// Where a [`ChunkForm::ScaledOffsets`] chunk keeps its four group offsets:
 /// `out[FACTOR_OFFSETS + g]` for elements `8g..8g + 8`.
 pub const FACTOR_OFFSETS: u32 = CHUNK_ELEMS + 2;
+/// Where a [`ChunkForm::ScaledBiases`] chunk keeps its two half-chunk biases:
+/// `out[FACTOR_BIASES + h]` for elements `16h..16h + 16`.
+pub const FACTOR_BIASES: u32 = CHUNK_ELEMS + 2;
 
 /// Sets a factored chunk's two half-chunk scales ([`ChunkForm`]): `s0` for elements `0..16`,
 /// `s1` for `16..32`.
@@ -86,6 +114,14 @@ pub const FACTOR_OFFSETS: u32 = CHUNK_ELEMS + 2;
 fn set_scales(out: &mut Array<f32>, s0: f32, s1: f32) {
     out[FACTOR_SCALES as usize] = s0;
     out[comptime!(FACTOR_SCALES + 1) as usize] = s1;
+}
+
+/// Sets a [`ChunkForm::ScaledBiases`] chunk's two half-chunk biases: `b0` for elements `0..16`,
+/// `b1` for `16..32`.
+#[cube]
+fn set_biases(out: &mut Array<f32>, b0: f32, b1: f32) {
+    out[FACTOR_BIASES as usize] = b0;
+    out[comptime!(FACTOR_BIASES + 1) as usize] = b1;
 }
 
 /// Blocks of `bytes` bytes and `elems` elements staged per step by the own-rows GEMV: the most
@@ -207,6 +243,9 @@ pub fn decode_values<F: BlockDecode>(
             if comptime!(F::FORM.offsets()) {
                 let offset = out[comptime!(FACTOR_OFFSETS + e / 8) as usize];
                 out[e as usize] = scale * (out[e as usize] + offset);
+            } else if comptime!(F::FORM.biases()) {
+                let bias = out[comptime!(FACTOR_BIASES + e / 16) as usize];
+                out[e as usize] = scale * out[e as usize] + bias;
             } else {
                 out[e as usize] *= scale;
             }
@@ -347,6 +386,7 @@ impl BlockFormat for Q4K {
     const TYPE: GgmlType = GgmlType::Q4_K;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 144;
+    const FORM: ChunkForm = ChunkForm::ScaledBiases;
 }
 #[cube]
 impl BlockDecode for Q4K {
@@ -357,6 +397,8 @@ impl BlockDecode for Q4K {
         let sm = scale_min_k4(w, block + 4, chunk);
         let d1 = d * f32::cast_from(sm & 0xFF);
         let m1 = dmin * f32::cast_from(sm >> 8);
+        set_scales(out, d1, d1);
+        set_biases(out, -m1, -m1);
         let qs = block + 16 + 32 * (chunk / 2);
         let shift = (chunk % 2) * 4;
         #[unroll]
@@ -365,7 +407,7 @@ impl BlockDecode for Q4K {
             #[unroll]
             for i in 0..4u32 {
                 let q = (word >> (8 * i)) & 0x0F;
-                out[(4 * k + i) as usize] = d1 * f32::cast_from(q) - m1;
+                out[(4 * k + i) as usize] = f32::cast_from(q);
             }
         }
     }
@@ -441,6 +483,7 @@ impl BlockFormat for Q4_1 {
     const TYPE: GgmlType = GgmlType::Q4_1;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 20;
+    const FORM: ChunkForm = ChunkForm::ScaledBiases;
 }
 #[cube]
 impl BlockDecode for Q4_1 {
@@ -448,14 +491,16 @@ impl BlockDecode for Q4_1 {
         let dm = read_u32(w, block);
         let d = f16_to_f32(dm & 0xFFFF);
         let m = f16_to_f32(dm >> 16);
+        set_scales(out, d, d);
+        set_biases(out, m, m);
         #[unroll]
         for k in 0..4u32 {
             let word = read_u32(w, block + 4 + 4 * k);
             #[unroll]
             for i in 0..4u32 {
                 let b = (word >> (8 * i)) & 0xFF;
-                out[(4 * k + i) as usize] = f32::cast_from(b & 0x0F) * d + m;
-                out[(4 * k + i + 16) as usize] = f32::cast_from(b >> 4) * d + m;
+                out[(4 * k + i) as usize] = f32::cast_from(b & 0x0F);
+                out[(4 * k + i + 16) as usize] = f32::cast_from(b >> 4);
             }
         }
     }
@@ -468,6 +513,7 @@ impl BlockFormat for Q5_1 {
     const TYPE: GgmlType = GgmlType::Q5_1;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 24;
+    const FORM: ChunkForm = ChunkForm::ScaledBiases;
 }
 #[cube]
 impl BlockDecode for Q5_1 {
@@ -475,6 +521,8 @@ impl BlockDecode for Q5_1 {
         let dm = read_u32(w, block);
         let d = f16_to_f32(dm & 0xFFFF);
         let m = f16_to_f32(dm >> 16);
+        set_scales(out, d, d);
+        set_biases(out, m, m);
         let qh = read_u32(w, block + 4);
         #[unroll]
         for k in 0..4u32 {
@@ -485,8 +533,8 @@ impl BlockDecode for Q5_1 {
                 let b = (word >> (8 * i)) & 0xFF;
                 let xh0 = ((qh >> j) << 4) & 0x10;
                 let xh1 = (qh >> (j + 12)) & 0x10;
-                out[j as usize] = f32::cast_from((b & 0x0F) | xh0) * d + m;
-                out[(j + 16) as usize] = f32::cast_from((b >> 4) | xh1) * d + m;
+                out[j as usize] = f32::cast_from((b & 0x0F) | xh0);
+                out[(j + 16) as usize] = f32::cast_from((b >> 4) | xh1);
             }
         }
     }
@@ -501,6 +549,7 @@ impl BlockFormat for Q2K {
     const TYPE: GgmlType = GgmlType::Q2_K;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 84;
+    const FORM: ChunkForm = ChunkForm::ScaledBiases;
 }
 #[cube]
 impl BlockDecode for Q2K {
@@ -516,16 +565,16 @@ impl BlockDecode for Q2K {
         let m0 = dmin * f32::cast_from(sc0 >> 4);
         let d1 = d * f32::cast_from(sc1 & 0x0F);
         let m1 = dmin * f32::cast_from(sc1 >> 4);
+        set_scales(out, d0, d1);
+        set_biases(out, -m0, -m1);
         let qs = block + 16 + 32 * n;
         #[unroll]
         for k in 0..8u32 {
             let word = read_u32(w, qs + 4 * k) >> shift;
-            let dk = select(k < 4, d0, d1);
-            let mk = select(k < 4, m0, m1);
             #[unroll]
             for i in 0..4u32 {
                 let q = (word >> (8 * i)) & 3;
-                out[(4 * k + i) as usize] = dk * f32::cast_from(q) - mk;
+                out[(4 * k + i) as usize] = f32::cast_from(q);
             }
         }
     }
@@ -585,6 +634,7 @@ impl BlockFormat for Q5K {
     const TYPE: GgmlType = GgmlType::Q5_K;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 176;
+    const FORM: ChunkForm = ChunkForm::ScaledBiases;
 }
 #[cube]
 impl BlockDecode for Q5K {
@@ -595,6 +645,8 @@ impl BlockDecode for Q5K {
         let sm = scale_min_k4(w, block + 4, chunk);
         let d1 = d * f32::cast_from(sm & 0xFF);
         let m1 = dmin * f32::cast_from(sm >> 8);
+        set_scales(out, d1, d1);
+        set_biases(out, -m1, -m1);
         let qs = block + 48 + 32 * (chunk / 2);
         let shift = (chunk % 2) * 4;
         #[unroll]
@@ -604,7 +656,7 @@ impl BlockDecode for Q5K {
             #[unroll]
             for i in 0..4u32 {
                 let q = ((word >> (8 * i)) & 0x0F) | (((hw >> (8 * i)) & 1) << 4);
-                out[(4 * k + i) as usize] = d1 * f32::cast_from(q) - m1;
+                out[(4 * k + i) as usize] = f32::cast_from(q);
             }
         }
     }

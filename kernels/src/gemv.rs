@@ -29,7 +29,10 @@
 //!   `lanes * own_rows` rows. Codebooks of up to [`LOCAL_GRID_MAX_WORDS`] words are compiled
 //!   in: written as constants to invocation-local memory, where a lookup is a gather rather
 //!   than a loop.
-use crate::formats::{BlockDecode, CHUNK_ELEMS, FACTOR_OFFSETS, FACTOR_SCALES, decode_values};
+use crate::formats::{
+    BlockDecode, CHUNK_ELEMS, ChunkForm, FACTOR_BIASES, FACTOR_OFFSETS, FACTOR_SCALES,
+    decode_values,
+};
 use cubecl::prelude::*;
 
 /// The GEMV kernel. `x` is `[m, cols]` row-major f32, `y` is `[m, rows]`, `w` holds `rows`
@@ -316,14 +319,15 @@ fn rows_blocks<F: BlockDecode>(
     let mut staged = Array::<u32>::new(comptime!((words + 1) as usize));
     staged[words as usize] = 0;
     let mut vals = Array::<f32>::new(comptime!(F::FORM.out_len() as usize));
-    // For chunks with offsets, the sums of each 8 activations of the step,
-    // `xsum[r * groups + g]`.
-    let groups = comptime!(step_elems / 8);
-    let xsum_len = comptime!(if F::FORM.offsets() {
-        m_pass * groups
+    // For chunks with offsets or biases, the sums of each `sum_elems` activations of the step
+    // (8 or 16, [`ChunkForm::sum_elems`]), `xsum[r * groups + g]`.
+    let sum_elems = comptime!(F::FORM.sum_elems());
+    let groups = comptime!(if sum_elems > 0 {
+        step_elems / sum_elems
     } else {
-        1
+        0
     });
+    let xsum_len = comptime!(if sum_elems > 0 { m_pass * groups } else { 1 });
     let mut xsum = Array::<f32>::new(comptime!(xsum_len as usize));
     // Rows past the last compute on the last row (in bounds) and are not stored.
     let last = rows - 1;
@@ -363,16 +367,10 @@ fn rows_blocks<F: BlockDecode>(
                     }
                 }
             }
-            if comptime!(F::FORM.offsets()) {
-                #[unroll]
-                for g in 0..groups {
-                    let e = comptime!(r * step_elems + 8 * g);
-                    let a = (xs[e as usize] + xs[(e + 1) as usize])
-                        + (xs[(e + 2) as usize] + xs[(e + 3) as usize]);
-                    let b = (xs[(e + 4) as usize] + xs[(e + 5) as usize])
-                        + (xs[(e + 6) as usize] + xs[(e + 7) as usize]);
-                    xsum[(r * groups + g) as usize] = a + b;
-                }
+            #[unroll]
+            for g in 0..groups {
+                let e = comptime!(r * step_elems + sum_elems * g);
+                xsum[(r * groups + g) as usize] = sum_pairs(&xs, e, sum_elems);
             }
         }
         // A runtime loop over the unit's rows (one copy of the step's code, so compile time
@@ -413,7 +411,7 @@ fn rows_blocks<F: BlockDecode>(
                             e0,
                             m_pass,
                             step_elems,
-                            comptime!(F::FORM.offsets()),
+                            comptime!(F::FORM),
                         );
                     } else {
                         #[unroll]
@@ -435,8 +433,10 @@ fn rows_blocks<F: BlockDecode>(
 
 /// Adds a factored chunk ([`crate::formats::ChunkForm`]) at element `e0` of the step to
 /// `sums[r]` for each activation row `r`: per half-chunk `h`,
-/// `scale_h * (sum_e q_e x_e + sum_g offset_g xsum_g)` (the offsets only when `offsets`), so
-/// each weight costs one fused multiply-add ([`dot_chains`] per half).
+/// `scale_h * (sum_e q_e x_e + sum_g offset_g xsum_g)` with offsets (`ScaledOffsets`; none for
+/// `Scaled`), `scale_h * sum_e q_e x_e + bias_h * xsum_h` with biases (`ScaledBiases`), so each
+/// weight costs one fused multiply-add ([`dot_chains`] per half). `xsum` holds the step's sums
+/// of [`ChunkForm::sum_elems`] activations per row.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn factored_chunk(
@@ -447,16 +447,20 @@ fn factored_chunk(
     #[comptime] e0: u32,
     #[comptime] m_pass: u32,
     #[comptime] step_elems: u32,
-    #[comptime] offsets: bool,
+    #[comptime] form: ChunkForm,
 ) {
-    let groups = comptime!(step_elems / 8);
+    let groups = comptime!(if form.sum_elems() > 0 {
+        step_elems / form.sum_elems()
+    } else {
+        0
+    });
     #[unroll]
     for r in 0..m_pass {
         #[unroll]
         for h in 0..2u32 {
             let x0 = comptime!(r * step_elems + e0 + 16 * h);
             let mut t = dot_chains(vals, xs, comptime!(16 * h), x0, 16u32);
-            if comptime!(offsets) {
+            if comptime!(form.offsets()) {
                 #[unroll]
                 for g in 0..2u32 {
                     let gi = comptime!(2 * h + g);
@@ -466,8 +470,33 @@ fn factored_chunk(
             }
             let scale = vals[comptime!(FACTOR_SCALES + h) as usize];
             sums[r as usize] = fma(scale, t, sums[r as usize]);
+            if comptime!(form.biases()) {
+                let xh = xsum[comptime!(r * groups + e0 / 16 + h) as usize];
+                let bias = vals[comptime!(FACTOR_BIASES + h) as usize];
+                sums[r as usize] = fma(bias, xh, sums[r as usize]);
+            }
         }
     }
+}
+
+/// `sum_i xs[e + i]` for `i < n` (a power of two: 8 or 16), added as a tree of pairs, not a
+/// chain.
+#[cube]
+fn sum_pairs(xs: &Array<f32>, #[comptime] e: u32, #[comptime] n: u32) -> f32 {
+    let mut part = Array::<f32>::new(comptime!(n as usize));
+    #[unroll]
+    for i in 0..n {
+        part[i as usize] = xs[(e + i) as usize];
+    }
+    #[unroll]
+    for level in 0..comptime!(n.trailing_zeros()) {
+        let width = comptime!(n >> (level + 1));
+        #[unroll]
+        for i in 0..width {
+            part[i as usize] = part[i as usize] + part[(i + width) as usize];
+        }
+    }
+    part[0]
 }
 
 /// `sum_i vals[v0 + i] * xs[x0 + i]` for `i < n` (a multiple of 4), in four independent chains
