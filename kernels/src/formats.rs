@@ -87,6 +87,15 @@ impl ChunkForm {
         }
     }
 
+    /// Activation sums of [`ChunkForm::sum_elems`] elements in a GEMV step of `step_elems`
+    /// elements (0 when the form has neither offsets nor biases).
+    pub const fn sum_groups(self, step_elems: u32) -> u32 {
+        match self.sum_elems() {
+            0 => 0,
+            n => step_elems / n,
+        }
+    }
+
     /// Length of the `out` array [`BlockDecode::decode_chunk`] writes in this form.
     pub const fn out_len(self) -> u32 {
         match self {

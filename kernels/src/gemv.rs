@@ -322,12 +322,8 @@ fn rows_blocks<F: BlockDecode>(
     // For chunks with offsets or biases, the sums of each `sum_elems` activations of the step
     // (8 or 16, [`ChunkForm::sum_elems`]), `xsum[r * groups + g]`.
     let sum_elems = comptime!(F::FORM.sum_elems());
-    let groups = comptime!(if sum_elems > 0 {
-        step_elems / sum_elems
-    } else {
-        0
-    });
-    let xsum_len = comptime!(if sum_elems > 0 { m_pass * groups } else { 1 });
+    let groups = comptime!(F::FORM.sum_groups(step_elems));
+    let xsum_len = comptime!(if groups > 0 { m_pass * groups } else { 1 });
     let mut xsum = Array::<f32>::new(comptime!(xsum_len as usize));
     // Rows past the last compute on the last row (in bounds) and are not stored.
     let last = rows - 1;
@@ -449,11 +445,7 @@ fn factored_chunk(
     #[comptime] step_elems: u32,
     #[comptime] form: ChunkForm,
 ) {
-    let groups = comptime!(if form.sum_elems() > 0 {
-        step_elems / form.sum_elems()
-    } else {
-        0
-    });
+    let groups = comptime!(form.sum_groups(step_elems));
     #[unroll]
     for r in 0..m_pass {
         #[unroll]
