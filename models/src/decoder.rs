@@ -20,7 +20,7 @@
 //!   llama.cpp's built-in value: the key is usually absent); every sixth layer is global with
 //!   `rope.freq_base` (case C17).
 use crate::Error;
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_gguf::{GgmlEmbedding, GgmlExperts, GgmlLinear, GgufLoader};
 use gguf::GgufFile;
@@ -28,14 +28,7 @@ use gguf::GgufFile;
 /// The values of `general.architecture` a [`Decoder`] loads.
 pub const ARCHITECTURES: &[&str] = &["gemma3", "llama", "qwen3", "qwen3moe"];
 
-/// The FFN's activation of the gate projection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    /// `x * sigmoid(x)` (Llama, Qwen).
-    Silu,
-    /// ggml's GELU, tanh approximation (Gemma).
-    GeluTanh,
-}
+pub use burn_gguf::{Activation, RopeStyle, rms_norm};
 
 /// Gemma 3's local attention: every layer but each `pattern`-th (1-based) sees only the last
 /// `window` tokens and uses RoPE base `rope_base`.
@@ -293,39 +286,12 @@ pub struct Decoder {
     device: Device,
 }
 
-/// RMSNorm over the last dimension, `x / sqrt(mean(x^2) + eps) * w`, in f32 whatever the
-/// weights' storage type (activations and the residual stream stay f32, case C21).
-pub fn rms_norm<const D: usize>(x: Tensor<D>, w: &Tensor<1>, eps: f32) -> Tensor<D> {
-    let inv = (x.clone().powi_scalar(2).mean_dim(D - 1) + eps)
-        .sqrt()
-        .recip();
-    x * inv * w.clone().unsqueeze::<D>()
-}
-
-/// ggml's GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
-fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-    let x3 = x.clone() * x.clone() * x.clone();
-    let inner = (x.clone() + x3 * 0.044715) * SQRT_2_OVER_PI;
-    x * (inner.tanh() + 1.0) * 0.5
-}
-
-/// How RoPE pairs the dimensions of a head (llama.cpp `LLAMA_ROPE_TYPE_*`, case C16).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Element `i` rotates with `i + d/2` (GPT-NeoX; Qwen, Gemma).
-    Neox,
-    /// Adjacent pairs `(2i, 2i + 1)` (llama.cpp's `llama`, whose converter permutes Q and K
-    /// for it).
-    Norm,
-}
-
 /// Rotary position embedding tables for positions `start..start + n`: `cos` and `sin` of
-/// `pos * base^(-2i/d) / freq_factors[i]`, each `[n, 1, d/2]` (angles in f64).
+/// `pos * base^(-2i/d) / freq_factors[i]`, each `[n, d/2]` (angles in f64).
 #[derive(Clone, Debug)]
 pub struct Rope {
-    cos: Tensor<3>,
-    sin: Tensor<3>,
+    cos: Tensor<2>,
+    sin: Tensor<2>,
     style: RopeStyle,
 }
 
@@ -354,34 +320,15 @@ impl Rope {
             }
         }
         Self {
-            cos: Tensor::from_data(TensorData::new(cos, [n, 1, half]), device),
-            sin: Tensor::from_data(TensorData::new(sin, [n, 1, half]), device),
+            cos: Tensor::from_data(TensorData::new(cos, [n, half]), device),
+            sin: Tensor::from_data(TensorData::new(sin, [n, half]), device),
             style,
         }
     }
 
-    /// Rotates `x` `[n, heads, head_dim]`.
+    /// Rotates `x` `[n, heads, head_dim]` ([`burn_gguf::rope`]).
     pub fn apply(&self, x: Tensor<3>) -> Tensor<3> {
-        let [n, h, d] = x.dims();
-        let half = d / 2;
-        let (cos, sin) = (self.cos.clone(), self.sin.clone());
-        match self.style {
-            RopeStyle::Neox => {
-                let x1 = x.clone().narrow(2, 0, half);
-                let x2 = x.narrow(2, half, half);
-                let r1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
-                let r2 = x1 * sin + x2 * cos;
-                Tensor::cat(vec![r1, r2], 2)
-            }
-            RopeStyle::Norm => {
-                let pairs = x.reshape([n, h, half, 2]);
-                let x1 = pairs.clone().narrow(3, 0, 1).reshape([n, h, half]);
-                let x2 = pairs.narrow(3, 1, 1).reshape([n, h, half]);
-                let r1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
-                let r2 = x1 * sin + x2 * cos;
-                Tensor::stack::<4>(vec![r1, r2], 3).reshape([n, h, d])
-            }
-        }
+        burn_gguf::rope(x, &self.cos, &self.sin, self.style)
     }
 }
 
@@ -701,11 +648,7 @@ impl Decoder {
             let mut d = match &l.ffn {
                 Ffn::Dense { gate, up, down } => {
                     let g = gate.forward(h.clone());
-                    let g = match c.activation {
-                        Activation::Silu => silu(g),
-                        Activation::GeluTanh => gelu_tanh(g),
-                    };
-                    down.forward(g * up.forward(h))
+                    down.forward(burn_gguf::gated(g, up.forward(h), c.activation))
                 }
                 Ffn::Moe { router, experts } => {
                     let m = c

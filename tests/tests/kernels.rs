@@ -3,7 +3,8 @@
 //! codec element for element, on fixture blocks from llama.cpp and on the real Gemma tensors,
 //! including a row count that is not a multiple of the rows per workgroup and a tensor over
 //! 128 MiB (split into device buffers by rows). These run the variant the device picks; every
-//! other variant, at every pass width, is `cargo xtask kernel-test`'s (CI runs both).
+//! other variant, at every pass width, is `cargo xtask kernel-test`'s (CI runs both). The
+//! RMSNorm kernel is checked against an f64 reference of its formula.
 use burn::tensor::{Tensor, TensorData};
 use burn_gguf::GgmlTensor;
 use burn_gguf_tests::{rand_vec, read_fixture};
@@ -353,4 +354,132 @@ fn tensor_over_128_mib_is_split_by_rows() {
         );
     }
     assert!(t.gather_rows(&[rows as u32]).is_err());
+}
+
+/// RMSNorm with its weight (one kernel on this device) against llama.cpp's formula in f64,
+/// `x / sqrt(mean(x^2) + eps) * w` per row: a 3-D input made non-contiguous by a swap of
+/// dimensions, rows of Gemma 3 270M's width (640) with values up to 1e4 (case C21's range),
+/// and rows of one element.
+#[test]
+fn rms_norm_kernel() {
+    let device = burn_gguf::default_device();
+    for (dims, seed, amp, eps) in [
+        ([4usize, 3, 256], 1u64, 1.0f32, 1e-6f32),
+        ([2, 1, 640], 2, 1e4, 1e-6),
+        ([5, 1, 1], 3, 1.0, 1e-5),
+    ] {
+        let [a, b, d] = dims;
+        let x = Tensor::<3>::from_data(
+            TensorData::new(
+                rand_vec(a * b * d, seed).iter().map(|v| v * amp).collect(),
+                dims,
+            ),
+            &device,
+        )
+        .swap_dims(0, 1);
+        let w_vals = rand_vec(d, seed + 10);
+        let w = Tensor::<1>::from_data(TensorData::new(w_vals.clone(), [d]), &device);
+        let xs: Vec<f32> = x.clone().into_data().try_to_vec::<f32>().unwrap();
+        let y: Vec<f32> = burn_gguf::rms_norm(x, &w, eps)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        assert_eq!(y.len(), xs.len());
+        for (r, (xr, yr)) in xs.chunks(d).zip(y.chunks(d)).enumerate() {
+            let ss: f64 = xr.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            let inv = 1.0 / (ss / d as f64 + f64::from(eps)).sqrt();
+            let want: Vec<f64> = xr
+                .iter()
+                .zip(&w_vals)
+                .map(|(&v, &wv)| f64::from(v) * inv * f64::from(wv))
+                .collect();
+            let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+            for (i, (&got, &want)) in yr.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(got) - want).abs() <= 1e-5 * scale.max(1e-6),
+                    "{dims:?} row {r} element {i}: {got} against {want}"
+                );
+            }
+        }
+    }
+}
+
+/// RoPE (one kernel on this device) against `(x1 cos - x2 sin, x1 sin + x2 cos)` in f64, in both
+/// pairings, on a non-contiguous input of 3 tokens x 2 heads x 8 dimensions with random angles.
+#[test]
+fn rope_kernel() {
+    use burn_gguf::RopeStyle;
+    let device = burn_gguf::default_device();
+    let (n, h, d) = (3usize, 2usize, 8usize);
+    let half = d / 2;
+    let angles: Vec<f32> = rand_vec(n * half, 21).iter().map(|a| a * 4.0).collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+    let table = |v: &[f32]| Tensor::<2>::from_data(TensorData::new(v.to_vec(), [n, half]), &device);
+    let x = Tensor::<3>::from_data(TensorData::new(rand_vec(n * h * d, 22), [h, n, d]), &device)
+        .swap_dims(0, 1);
+    let xs: Vec<f32> = x.clone().into_data().try_to_vec::<f32>().unwrap();
+    for style in [RopeStyle::Neox, RopeStyle::Norm] {
+        let y: Vec<f32> = burn_gguf::rope(x.clone(), &table(&cos), &table(&sin), style)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        for t in 0..n {
+            for head in 0..h {
+                let base = (t * h + head) * d;
+                for i in 0..half {
+                    let (a, b) = match style {
+                        RopeStyle::Neox => (base + i, base + i + half),
+                        RopeStyle::Norm => (base + 2 * i, base + 2 * i + 1),
+                    };
+                    let (c, s) = (f64::from(cos[t * half + i]), f64::from(sin[t * half + i]));
+                    let (x1, x2) = (f64::from(xs[a]), f64::from(xs[b]));
+                    for (got, want) in [(y[a], x1 * c - x2 * s), (y[b], x1 * s + x2 * c)] {
+                        assert!(
+                            (f64::from(got) - want).abs() <= 1e-6,
+                            "{style:?} token {t} head {head} pair {i}: {got} against {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `act(gate) * up` (one kernel on this device) against ggml's GELU (tanh approximation) and
+/// SiLU in f64, on random values and on magnitudes up to 1e4, where the tanh and the exp
+/// saturate (no NaN).
+#[test]
+fn gated_activation_kernel() {
+    use burn_gguf::Activation;
+    let device = burn_gguf::default_device();
+    let mut gate = rand_vec(200, 31)
+        .iter()
+        .map(|v| v * 6.0)
+        .collect::<Vec<f32>>();
+    gate.extend([-1e4f32, -50.0, -10.0, 0.0, 10.0, 50.0, 1e4]);
+    let up = rand_vec(gate.len(), 32);
+    let len = gate.len();
+    let t = |v: &[f32]| Tensor::<2>::from_data(TensorData::new(v.to_vec(), [1, len]), &device);
+    for act in [Activation::GeluTanh, Activation::Silu] {
+        let y: Vec<f32> = burn_gguf::gated(t(&gate), t(&up), act)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        for (i, ((&g, &u), &got)) in gate.iter().zip(&up).zip(&y).enumerate() {
+            let x = f64::from(g);
+            let a = match act {
+                Activation::GeluTanh => {
+                    let inner = 0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x);
+                    0.5 * x * (1.0 + inner.tanh())
+                }
+                Activation::Silu => x / (1.0 + (-x).exp()),
+            };
+            let want = a * f64::from(u);
+            assert!(
+                (f64::from(got) - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{act:?} element {i} (gate {g}): {got} against {want}"
+            );
+        }
+    }
 }

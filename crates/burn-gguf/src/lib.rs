@@ -15,7 +15,10 @@ pub mod tensor;
 pub mod write;
 
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
-pub use nn::{DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};
+pub use nn::{
+    Activation, DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, RopeStyle, Weight, gated,
+    rms_norm, rope,
+};
 pub use tensor::GgmlTensor;
 
 use burn::backend::DispatchDevice;
@@ -46,6 +49,13 @@ pub fn cube_client(device: &Device) -> Option<cubecl::client::Client> {
         #[allow(unreachable_patterns)]
         _ => None,
     }
+}
+
+/// Whether `device` is a software one: a CubeCL device with no physical card behind it
+/// (lavapipe, llvmpipe), whose kernels run on the host's CPU cores. The rule
+/// [`ggml_kernels::GemvConfig::for_client`] picks the own-rows GEMV by.
+pub fn is_software_device(device: &Device) -> bool {
+    cube_client(device).is_some_and(|c| c.properties().identity.physical.is_none())
 }
 
 /// Largest single buffer the device takes, in bytes (its storage buffer binding limit, 128 MiB

@@ -1,12 +1,142 @@
 //! Packed modules: Linear, Embedding and MoE experts over ggml-quant weights, or over their
-//! dense fallback.
+//! dense fallback; and the models' per-layer ops that run as one kernel each on a CubeCL
+//! device ([`rms_norm`], [`rope`], [`gated`]).
 use crate::Error;
+use crate::ops::GgmlOps;
 use crate::tensor::GgmlTensor;
+use burn::backend::{Dispatch, DispatchDevice};
 use burn::module::{
     Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
 };
 use burn::tensor::activation::silu;
 use burn::tensor::{Device, FloatDType, Tensor, TensorData};
+
+/// RMSNorm over the last dimension, `x / sqrt(mean(x^2) + eps) * w`: `x` `[..., d]` f32 and
+/// `w` `[d]` f32 give the shape of `x`, in f32 (activations and the residual stream stay f32,
+/// case C21). On a CubeCL device it is one kernel ([`ggml_kernels::norm::rms_norm`], llama.cpp's
+/// `rms_norm` and `mul` fused); on other devices, Burn ops.
+///
+/// # Panics
+/// If `w` does not have `d` values (a programming error in the caller's shapes).
+pub fn rms_norm<const D: usize>(x: Tensor<D>, w: &Tensor<1>, eps: f32) -> Tensor<D> {
+    let d = x.dims()[D - 1];
+    assert_eq!(
+        w.dims()[0],
+        d,
+        "rms_norm: the weight has {} values, the rows {d}",
+        w.dims()[0]
+    );
+    if is_cube(&x.device()) {
+        return Tensor::from_dispatch(Dispatch::ggml_rms_norm(
+            x.into_dispatch(),
+            w.clone().into_dispatch(),
+            eps,
+        ));
+    }
+    let inv = (x.clone().powi_scalar(2).mean_dim(D - 1) + eps)
+        .sqrt()
+        .recip();
+    x * inv * w.clone().unsqueeze::<D>()
+}
+
+/// How RoPE pairs the dimensions of a head (llama.cpp `LLAMA_ROPE_TYPE_*`, case C16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Element `i` rotates with `i + d/2` (GPT-NeoX; Qwen, Gemma).
+    Neox,
+    /// Adjacent pairs `(2i, 2i + 1)` (llama.cpp's `llama`, whose converter permutes Q and K
+    /// for it).
+    Norm,
+}
+
+/// Rotary position embedding: `x` `[n, heads, d]` f32, each pair `i` of token `t`'s heads
+/// rotated by the angle whose cosine and sine are `cos[t, i]` and `sin[t, i]` (`[n, d/2]` f32
+/// each): `(x1 cos - x2 sin, x1 sin + x2 cos)`, the pairs as `style` says. The shape of `x`.
+/// On a CubeCL device one kernel ([`ggml_kernels::rope::rope`]); elsewhere Burn ops.
+///
+/// # Panics
+/// If the tables are not `[n, d/2]` (a programming error in the caller's shapes).
+pub fn rope(x: Tensor<3>, cos: &Tensor<2>, sin: &Tensor<2>, style: RopeStyle) -> Tensor<3> {
+    let [n, h, d] = x.dims();
+    let half = d / 2;
+    assert!(
+        d % 2 == 0 && cos.dims() == [n, half] && sin.dims() == [n, half],
+        "rope: x {:?}, cos {:?}, sin {:?}",
+        x.dims(),
+        cos.dims(),
+        sin.dims()
+    );
+    if is_cube(&x.device()) {
+        return Tensor::from_dispatch(Dispatch::ggml_rope(
+            x.into_dispatch(),
+            cos.clone().into_dispatch(),
+            sin.clone().into_dispatch(),
+            style == RopeStyle::Neox,
+        ));
+    }
+    let cos = cos.clone().reshape([n, 1, half]);
+    let sin = sin.clone().reshape([n, 1, half]);
+    match style {
+        RopeStyle::Neox => {
+            let x1 = x.clone().narrow(2, 0, half);
+            let x2 = x.narrow(2, half, half);
+            let r1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
+            let r2 = x1 * sin + x2 * cos;
+            Tensor::cat(vec![r1, r2], 2)
+        }
+        RopeStyle::Norm => {
+            let pairs = x.reshape([n, h, half, 2]);
+            let x1 = pairs.clone().narrow(3, 0, 1).reshape([n, h, half]);
+            let x2 = pairs.narrow(3, 1, 1).reshape([n, h, half]);
+            let r1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
+            let r2 = x1 * sin + x2 * cos;
+            Tensor::stack::<4>(vec![r1, r2], 3).reshape([n, h, d])
+        }
+    }
+}
+
+/// The activation of a feed-forward block's gate projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (Llama, Qwen).
+    Silu,
+    /// ggml's GELU, tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// A gated feed-forward activation, `act(gate) * up` elementwise (llama.cpp `ggml_swiglu`,
+/// `ggml_geglu`): f32 tensors of one shape give that shape. With [`Activation::GeluTanh`],
+/// `act(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`. On a CubeCL device one kernel
+/// ([`ggml_kernels::glu::glu`]); elsewhere Burn ops.
+///
+/// # Panics
+/// If `gate` and `up` differ in shape (a programming error in the caller's shapes).
+pub fn gated<const D: usize>(gate: Tensor<D>, up: Tensor<D>, act: Activation) -> Tensor<D> {
+    assert_eq!(gate.dims(), up.dims(), "gated: gate and up differ in shape");
+    if is_cube(&gate.device()) {
+        return Tensor::from_dispatch(Dispatch::ggml_glu(
+            gate.into_dispatch(),
+            up.into_dispatch(),
+            act == Activation::GeluTanh,
+        ));
+    }
+    let a = match act {
+        Activation::Silu => silu(gate),
+        Activation::GeluTanh => {
+            const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+            let x = gate;
+            let x3 = x.clone() * x.clone() * x.clone();
+            let inner = (x.clone() + x3 * 0.044715) * SQRT_2_OVER_PI;
+            x * (inner.tanh() + 1.0) * 0.5
+        }
+    };
+    a * up
+}
+
+/// Whether `device` is a CubeCL one, where the fused kernels run.
+fn is_cube(device: &Device) -> bool {
+    matches!(device.as_dispatch(), DispatchDevice::Cube(_))
+}
 
 /// A weight `[out, in]` (Burn order; ggml `ne = [in, out]`): packed blocks on the device, or
 /// dense f32 when the loader fell back to dequantization.
@@ -395,7 +525,11 @@ impl GgmlExperts {
             let gather = Tensor::<2>::from_data(TensorData::new(gather, [r, n]), &device);
             let scatter = Tensor::<2>::from_data(TensorData::new(scatter, [n, r]), &device);
             let xe = gather.matmul(x.clone());
-            let h = silu(self.gate[e].matmul_t(xe.clone())) * self.up[e].matmul_t(xe);
+            let h = gated(
+                self.gate[e].matmul_t(xe.clone()),
+                self.up[e].matmul_t(xe),
+                Activation::Silu,
+            );
             out = out + scatter.matmul(self.down[e].matmul_t(h));
         }
         Ok(out)

@@ -1,4 +1,5 @@
-//! The backend extension: ggml-quant ops on Burn tensors.
+//! The backend extension: ggml-quant ops on Burn tensors, and the per-layer ops of the models
+//! that Burn's ops run as several kernels each (RMSNorm, RoPE, the gated FFN activation).
 //!
 //! Implemented for every CubeCL runtime (`CubeBackend`) and, lazily, for `Fusion<CubeBackend>`
 //! (Burn's default wgpu backend), so an op's output feeds fused Burn ops directly. The weights are
@@ -43,6 +44,29 @@ pub trait GgmlOps: burn::backend::Backend {
         rows: usize,
         cols: usize,
     ) -> FloatTensor<Self>;
+
+    /// RMSNorm over the last dimension with its weight, one kernel
+    /// ([`ggml_kernels::norm::rms_norm`]): `x` `[..., cols]` f32, `w` `[cols]` f32 ->
+    /// `x / sqrt(mean(x^2) + eps) * w`, the shape of `x`.
+    #[fusion(dtype = x, shape = x)]
+    fn ggml_rms_norm(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f32) -> FloatTensor<Self>;
+
+    /// Rotary position embedding, one kernel ([`ggml_kernels::rope::rope`]): `x`
+    /// `[n, heads, head_dim]` f32, `cos` and `sin` `[n, head_dim / 2]` f32 (token `t`'s angles)
+    /// -> the shape of `x`; `neox` rotates dimensions `(i, i + head_dim / 2)`, otherwise
+    /// `(2i, 2i + 1)`.
+    #[fusion(dtype = x, shape = x)]
+    fn ggml_rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        neox: bool,
+    ) -> FloatTensor<Self>;
+
+    /// `act(gate) * up` elementwise, one kernel ([`ggml_kernels::glu::glu`]): ggml's GELU (tanh
+    /// approximation) with `gelu`, SiLU otherwise; f32 tensors of one shape -> that shape.
+    #[fusion(dtype = gate, shape = gate)]
+    fn ggml_glu(gate: FloatTensor<Self>, up: FloatTensor<Self>, gelu: bool) -> FloatTensor<Self>;
 }
 
 fn empty_f32(like: &CubeTensor, shape: Shape) -> CubeTensor {
@@ -112,5 +136,85 @@ impl GgmlOps for CubeBackend {
         )
         .unwrap_or_else(|e| panic!("ggml_dequantize_rows: {e}"));
         out
+    }
+
+    fn ggml_rms_norm(x: CubeTensor, w: CubeTensor, eps: f32) -> CubeTensor {
+        assert_eq!(x.dtype, DType::F32, "ggml_rms_norm takes f32 activations");
+        assert_eq!(w.dtype, DType::F32, "ggml_rms_norm takes an f32 weight");
+        let x = burn_cubecl::kernel::into_contiguous(x);
+        let w = burn_cubecl::kernel::into_contiguous(w);
+        let shape = x.meta.shape().clone();
+        let cols = shape
+            .num_dims()
+            .checked_sub(1)
+            .map_or(0, |last| shape[last]);
+        let rows = shape.num_elements() / cols.max(1);
+        let y = empty_f32(&x, shape);
+        let client = x.client.clone();
+        ggml_kernels::launch_rms_norm(
+            &client,
+            x.into_buffer_arg(),
+            w.into_buffer_arg(),
+            y.clone().into_buffer_arg(),
+            rows,
+            cols,
+            eps,
+        )
+        .unwrap_or_else(|e| panic!("ggml_rms_norm: {e}"));
+        y
+    }
+
+    fn ggml_rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, neox: bool) -> CubeTensor {
+        for (t, what) in [(&x, "x"), (&cos, "cos"), (&sin, "sin")] {
+            assert_eq!(t.dtype, DType::F32, "ggml_rope takes an f32 {what}");
+        }
+        let [x, cos, sin] = [x, cos, sin].map(burn_cubecl::kernel::into_contiguous);
+        let shape = x.meta.shape().clone();
+        assert_eq!(
+            shape.num_dims(),
+            3,
+            "ggml_rope takes x [n, heads, head_dim]"
+        );
+        let (n, heads, head_dim) = (shape[0], shape[1], shape[2]);
+        let y = empty_f32(&x, shape);
+        let client = x.client.clone();
+        ggml_kernels::launch_rope(
+            &client,
+            x.into_buffer_arg(),
+            cos.into_buffer_arg(),
+            sin.into_buffer_arg(),
+            y.clone().into_buffer_arg(),
+            n,
+            heads,
+            head_dim / 2,
+            neox,
+        )
+        .unwrap_or_else(|e| panic!("ggml_rope: {e}"));
+        y
+    }
+
+    fn ggml_glu(gate: CubeTensor, up: CubeTensor, gelu: bool) -> CubeTensor {
+        assert_eq!(gate.dtype, DType::F32, "ggml_glu takes an f32 gate");
+        assert_eq!(up.dtype, DType::F32, "ggml_glu takes an f32 up");
+        let [gate, up] = [gate, up].map(burn_cubecl::kernel::into_contiguous);
+        let shape = gate.meta.shape().clone();
+        let len = shape.num_elements();
+        assert_eq!(
+            up.meta.shape().num_elements(),
+            len,
+            "ggml_glu: gate and up differ in size"
+        );
+        let y = empty_f32(&gate, shape);
+        let client = gate.client.clone();
+        ggml_kernels::launch_glu(
+            &client,
+            gate.into_buffer_arg(),
+            up.into_buffer_arg(),
+            y.clone().into_buffer_arg(),
+            len,
+            gelu,
+        )
+        .unwrap_or_else(|e| panic!("ggml_glu: {e}"));
+        y
     }
 }

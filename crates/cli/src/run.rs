@@ -37,7 +37,8 @@ pub struct Loaded {
 
 /// Opens `model_path` and loads its tokenizer and model onto the default device (packed, or
 /// dequantized with `dequantize`), with a progress bar on stderr when `progress`; prints the
-/// load report to stderr.
+/// load report to stderr. On a software device the calling thread, which is to generate, and
+/// Burn fusion's service thread then run at a lower priority ([`crate::host`]).
 ///
 /// # Errors
 /// Any file, model, tokenizer or device error, as a message.
@@ -82,6 +83,17 @@ pub fn load(model_path: &Path, dequantize: bool, progress: bool) -> Result<Loade
         );
     }
     drop(loader);
+    // This thread generates from here on; see `host` for why it runs at a lower priority on a
+    // software device.
+    match crate::host::yield_to_software_device(&device) {
+        Ok(0) => {}
+        Ok(n) => eprintln!(
+            "software device: {n} host threads at a lower priority (nice), so the device's \
+             workers get the cores ({} to change it)",
+            crate::host::HOST_NICE_ENV
+        ),
+        Err(e) => eprintln!("warning: host thread priority unchanged: {e}"),
+    }
     Ok(Loaded {
         file,
         tokenizer,
