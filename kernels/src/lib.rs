@@ -257,7 +257,7 @@ impl GemvConfig {
         let fixed = hw.plane_size_min == hw.plane_size_max
             && hw.plane_size_max.is_power_of_two()
             && hw.plane_size_max <= 32;
-        if props.identity.physical.is_none() {
+        if is_software_device(client) {
             let width = hw.plane_size_max;
             if fixed && (2..=MAX_OWN_ROWS_PLANE).contains(&width) {
                 GemvConfig::OwnRows {
@@ -497,6 +497,13 @@ impl std::str::FromStr for GemvConfig {
             Some(_) => Err(bad()),
         }
     }
+}
+
+/// Whether `client`'s device is a software one: no physical card behind it (lavapipe,
+/// llvmpipe), so its kernels run on the host's CPU cores. [`GemvConfig::for_client`] picks the
+/// own-rows GEMV there.
+pub fn is_software_device(client: &Client) -> bool {
+    client.properties().identity.physical.is_none()
 }
 
 /// Whether kernels with workgroup shared memory are valid on `client`'s compiler: not on CubeCL

@@ -51,11 +51,10 @@ pub fn cube_client(device: &Device) -> Option<cubecl::client::Client> {
     }
 }
 
-/// Whether `device` is a software one: a CubeCL device with no physical card behind it
-/// (lavapipe, llvmpipe), whose kernels run on the host's CPU cores. The rule
-/// [`ggml_kernels::GemvConfig::for_client`] picks the own-rows GEMV by.
+/// Whether `device` is a software CubeCL device, whose kernels run on the host's CPU cores
+/// ([`ggml_kernels::is_software_device`]).
 pub fn is_software_device(device: &Device) -> bool {
-    cube_client(device).is_some_and(|c| c.properties().identity.physical.is_none())
+    cube_client(device).is_some_and(|c| ggml_kernels::is_software_device(&c))
 }
 
 /// Largest single buffer the device takes, in bytes (its storage buffer binding limit, 128 MiB
