@@ -8,6 +8,9 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 use gguf::GgmlType;
 
+pub mod attention;
+pub use attention::{ATTENTION_TOL, AttentionCase, attention_cases, attention_error};
+
 /// GEMV tolerance: `|y - y_ref| <= GEMV_TOL * sum_k |w_k x_k|`, the scale of f32 rounding in a dot.
 pub const GEMV_TOL: f64 = 1e-5;
 /// Dequantize tolerance: `|y - y_ref| <= DEQUANT_TOL * max |y_ref|`.

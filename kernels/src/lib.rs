@@ -7,11 +7,14 @@
 //! - [`dequantize::dequantize_rows`]: dequantize rows by id (embedding lookup, and the bounded
 //!   scratch of chunked prefill);
 //! - not quantized ops, but the models' per-layer ops that Burn ops ran as several small kernels
-//!   each: [`norm::rms_norm`] (RMSNorm with its weight), [`rope::rope`] (rotary position
-//!   embedding) and [`glu::glu`] (`act(gate) * up`).
+//!   each: [`norm::rms_norm`] (RMSNorm with its weight), [`norm::add_rms_norm`] (residual add
+//!   and the next norm), [`rope::rope`] (rotary position embedding), [`glu::glu`]
+//!   (`act(gate) * up`), and attention over a KV cache on the device
+//!   ([`attention::qk_rope_cache`], [`attention::attention`]).
 //!
 //! The launch functions here check every buffer length against the shapes before launching the
 //! unchecked kernels, so they are safe to call with any arguments.
+pub mod attention;
 pub mod check;
 pub mod dequantize;
 pub mod formats;
@@ -30,6 +33,11 @@ use formats::{
     MXFP4, NVFP4, Q1_0, Q2_0, Q2K, Q3K, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0, TQ1_0, TQ2_0,
 };
 use gguf::GgmlType;
+
+pub use attention::{AttentionShape, QkRopeShape, launch_attention, launch_qk_rope_cache};
+pub use glu::launch_glu;
+pub use norm::{launch_add_rms_norm, launch_rms_norm};
+pub use rope::launch_rope;
 
 /// Runs `$body` with `$F` bound to the decoder type of `$ty`, or evaluates `$none`.
 macro_rules! with_format {
@@ -523,7 +531,7 @@ pub fn cube_count_for(n: u32) -> CubeCount {
     }
 }
 
-fn shape_err(op: &'static str, reason: String) -> KernelError {
+pub(crate) fn shape_err(op: &'static str, reason: String) -> KernelError {
     KernelError::Shape { op, reason }
 }
 
@@ -679,179 +687,6 @@ pub fn launch_gemv(
         };
         Ok(())
     }, Err(KernelError::Unsupported(ty)))
-}
-
-/// RMSNorm of each row with its weight: `y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w`,
-/// [`norm::rms_norm`]. `x`, `y`: `[rows, cols]` f32; `w`: `[cols]` f32.
-///
-/// # Errors
-/// `cols` of 0, `rows * cols` past `u32::MAX`, or buffers shorter than the shapes.
-pub fn launch_rms_norm(
-    client: &Client,
-    x: BufferArg,
-    w: BufferArg,
-    y: BufferArg,
-    rows: usize,
-    cols: usize,
-    eps: f32,
-) -> Result<(), KernelError> {
-    const OP: &str = "rms_norm";
-    let total = rows.checked_mul(cols).filter(|t| *t <= u32::MAX as usize);
-    let Some(total) = total.filter(|_| cols > 0) else {
-        return Err(shape_err(
-            OP,
-            format!("{rows} rows of {cols}: empty rows or more than u32::MAX values"),
-        ));
-    };
-    if x.len() < total || y.len() < total || w.len() < cols {
-        return Err(shape_err(
-            OP,
-            format!(
-                "x has {}, y {} and w {} values, {rows} x {cols} and {cols} needed",
-                x.len(),
-                y.len(),
-                w.len()
-            ),
-        ));
-    }
-    if rows == 0 {
-        return Ok(());
-    }
-    let per_cube = 64u32;
-    let count = cube_count_for((rows as u32).div_ceil(per_cube));
-    // SAFETY: units past `rows` do nothing; reads and writes are below rows * cols <= the
-    // lengths of x and y, and below cols <= w's.
-    unsafe {
-        norm::rms_norm::launch_unchecked(
-            client,
-            count,
-            CubeDim::new_1d(per_cube),
-            x,
-            w,
-            y,
-            rows as u32,
-            cols as u32,
-            eps,
-        )
-    };
-    Ok(())
-}
-
-/// Rotary position embedding of `x` `[n, heads, 2 * half]` into `y` (same shape), pair `i` of
-/// token `t` rotated by the angle whose cosine and sine are `cos[t, i]` and `sin[t, i]`
-/// (`[n, half]` each), [`rope::rope`]; `neox` pairs `(i, i + half)`, otherwise `(2i, 2i + 1)`.
-/// All f32.
-///
-/// # Errors
-/// `n * heads * 2 * half` past `u32::MAX`, or buffers shorter than the shapes.
-#[allow(clippy::too_many_arguments)]
-pub fn launch_rope(
-    client: &Client,
-    x: BufferArg,
-    cos: BufferArg,
-    sin: BufferArg,
-    y: BufferArg,
-    n: usize,
-    heads: usize,
-    half: usize,
-    neox: bool,
-) -> Result<(), KernelError> {
-    const OP: &str = "rope";
-    let total = n
-        .checked_mul(heads)
-        .and_then(|v| v.checked_mul(half))
-        .and_then(|v| v.checked_mul(2))
-        .filter(|t| *t <= u32::MAX as usize);
-    let table = n.checked_mul(half);
-    let (Some(total), Some(table)) = (total, table) else {
-        return Err(shape_err(
-            OP,
-            format!("{n} x {heads} x {} values: too many", 2 * half),
-        ));
-    };
-    if x.len() < total || y.len() < total || cos.len() < table || sin.len() < table {
-        return Err(shape_err(
-            OP,
-            format!(
-                "x has {}, y {}, cos {} and sin {} values, {n} x {heads} x {} and {n} x {half} \
-                 needed",
-                x.len(),
-                y.len(),
-                cos.len(),
-                sin.len(),
-                2 * half
-            ),
-        ));
-    }
-    let units = (total / 2) as u32;
-    if units == 0 {
-        return Ok(());
-    }
-    let per_cube = 64u32;
-    // SAFETY: units at or past n * heads * half do nothing; the others read and write x and y
-    // below n * heads * 2 * half and the tables below n * half, all checked above.
-    unsafe {
-        rope::rope::launch_unchecked(
-            client,
-            cube_count_for(units.div_ceil(per_cube)),
-            CubeDim::new_1d(per_cube),
-            x,
-            cos,
-            sin,
-            y,
-            n as u32,
-            heads as u32,
-            half as u32,
-            neox,
-        )
-    };
-    Ok(())
-}
-
-/// `y = act(gate) * up` elementwise over `len` f32 values, [`glu::glu`]: ggml's GELU (tanh
-/// approximation) with `gelu`, SiLU otherwise.
-///
-/// # Errors
-/// `len` past `u32::MAX`, or buffers shorter than `len`.
-pub fn launch_glu(
-    client: &Client,
-    gate: BufferArg,
-    up: BufferArg,
-    y: BufferArg,
-    len: usize,
-    gelu: bool,
-) -> Result<(), KernelError> {
-    const OP: &str = "glu";
-    if len > u32::MAX as usize || gate.len() < len || up.len() < len || y.len() < len {
-        return Err(shape_err(
-            OP,
-            format!(
-                "gate has {}, up {} and y {} values, {len} needed",
-                gate.len(),
-                up.len(),
-                y.len()
-            ),
-        ));
-    }
-    if len == 0 {
-        return Ok(());
-    }
-    let per_cube = 64u32;
-    // SAFETY: units at or past len do nothing; the others read and write below len, checked
-    // against every buffer above.
-    unsafe {
-        glu::glu::launch_unchecked(
-            client,
-            cube_count_for((len as u32).div_ceil(per_cube)),
-            CubeDim::new_1d(per_cube),
-            gate,
-            up,
-            y,
-            len as u32,
-            gelu,
-        )
-    };
-    Ok(())
 }
 
 /// The same buffer declared as 4-element vectors (its length divided by 4).

@@ -3,6 +3,8 @@
 //!
 //! From Burn tensor ops it was eight kernels for each of `q` and `k` per layer on lavapipe
 //! (four multiplies, a subtract, an add, and a concatenation as two slice assignments).
+use crate::{KernelError, cube_count_for, shape_err};
+use cubecl::client::Client;
 use cubecl::prelude::*;
 
 /// One unit per rotated pair: `x`, `y` `[n, heads, 2 * half]` f32, `cos`, `sin` `[n, half]` f32
@@ -38,4 +40,75 @@ pub fn rope(
         y[a as usize] = x1 * c - x2 * s;
         y[b as usize] = x1 * s + x2 * c;
     }
+}
+
+/// Rotary position embedding of `x` `[n, heads, 2 * half]` into `y` (same shape), pair `i` of
+/// token `t` rotated by the angle whose cosine and sine are `cos[t, i]` and `sin[t, i]`
+/// (`[n, half]` each), [`rope`]; `neox` pairs `(i, i + half)`, otherwise `(2i, 2i + 1)`.
+/// All f32.
+///
+/// # Errors
+/// `n * heads * 2 * half` past `u32::MAX`, or buffers shorter than the shapes.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_rope(
+    client: &Client,
+    x: BufferArg,
+    cos: BufferArg,
+    sin: BufferArg,
+    y: BufferArg,
+    n: usize,
+    heads: usize,
+    half: usize,
+    neox: bool,
+) -> Result<(), KernelError> {
+    const OP: &str = "rope";
+    let total = n
+        .checked_mul(heads)
+        .and_then(|v| v.checked_mul(half))
+        .and_then(|v| v.checked_mul(2))
+        .filter(|t| *t <= u32::MAX as usize);
+    let table = n.checked_mul(half);
+    let (Some(total), Some(table)) = (total, table) else {
+        return Err(shape_err(
+            OP,
+            format!("{n} x {heads} x {} values: too many", 2 * half),
+        ));
+    };
+    if x.len() < total || y.len() < total || cos.len() < table || sin.len() < table {
+        return Err(shape_err(
+            OP,
+            format!(
+                "x has {}, y {}, cos {} and sin {} values, {n} x {heads} x {} and {n} x {half} \
+                 needed",
+                x.len(),
+                y.len(),
+                cos.len(),
+                sin.len(),
+                2 * half
+            ),
+        ));
+    }
+    let units = (total / 2) as u32;
+    if units == 0 {
+        return Ok(());
+    }
+    let per_cube = 64u32;
+    // SAFETY: units at or past n * heads * half do nothing; the others read and write x and y
+    // below n * heads * 2 * half and the tables below n * half, all checked above.
+    unsafe {
+        rope::launch_unchecked(
+            client,
+            cube_count_for(units.div_ceil(per_cube)),
+            CubeDim::new_1d(per_cube),
+            x,
+            cos,
+            sin,
+            y,
+            n as u32,
+            heads as u32,
+            half as u32,
+            neox,
+        )
+    };
+    Ok(())
 }

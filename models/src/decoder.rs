@@ -20,10 +20,15 @@
 //!   llama.cpp's built-in value: the key is usually absent); every sixth layer is global with
 //!   `rope.freq_base` (case C17).
 use crate::Error;
+use crate::state::{LayerKind, LayerState, SequenceState};
 use burn::tensor::activation::softmax;
-use burn::tensor::{Device, Tensor, TensorData};
-use burn_gguf::{GgmlEmbedding, GgmlExperts, GgmlLinear, GgufLoader};
+use burn::tensor::{Device, Tensor};
+use burn_gguf::{
+    AttentionShape, GgmlEmbedding, GgmlExperts, GgmlLinear, GgufLoader, QkNorm, QkRopeShape,
+    RopeTable, add_rms_norm, attention, gated, gated_stacked, qk_rope_cache,
+};
 use gguf::GgufFile;
+use std::sync::Mutex;
 
 /// The values of `general.architecture` a [`Decoder`] loads.
 pub const ARCHITECTURES: &[&str] = &["gemma3", "llama", "qwen3", "qwen3moe"];
@@ -206,9 +211,7 @@ impl DecoderConfig {
 
 struct Layer {
     attn_norm: Tensor<1>,
-    wq: GgmlLinear,
-    wk: GgmlLinear,
-    wv: GgmlLinear,
+    qkv: Qkv,
     wo: GgmlLinear,
     /// `[q_norm, k_norm]` where the architecture has them.
     qk_norm: Option<[Tensor<1>; 2]>,
@@ -218,60 +221,82 @@ struct Layer {
     ffn: Ffn,
 }
 
+/// A layer's Q, K and V projections, their weights' rows stacked where the types allow
+/// ([`GgufLoader::stacked_linear`]), so they run as one or two GEMVs instead of three.
+// One per layer and long-lived, so the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Qkv {
+    /// `[q; k; v]` in one weight.
+    Stacked(GgmlLinear),
+    /// `[q; k]` in one weight, `v` apart (Gemma 3's Q4_K_M mix: Q5_0 Q and K, Q8_0 V).
+    StackedQk(GgmlLinear, GgmlLinear),
+    /// Each apart.
+    Each([GgmlLinear; 3]),
+}
+
+impl Qkv {
+    fn load(loader: &GgufLoader, q: &str, k: &str, v: &str) -> Result<Self, Error> {
+        if let Some(qkv) = loader.stacked_linear(&[q, k, v])? {
+            return Ok(Self::Stacked(qkv));
+        }
+        if let Some(qk) = loader.stacked_linear(&[q, k])? {
+            return Ok(Self::StackedQk(qk, loader.linear(v)?));
+        }
+        Ok(Self::Each([loader.linear(q)?, loader.linear(k)?, loader.linear(v)?]))
+    }
+
+    /// The projections of `h` `[n, n_embd]`: `(qk, v, layout)` with the query heads at
+    /// columns `0..n_head * head_dim` of `qk`, the key heads at `layout.k_off`, the value heads
+    /// at `layout.v_off` of `v` (the same tensor as `qk` when stacked). `layout` leaves `n`,
+    /// `past` and `capacity` for the caller.
+    fn forward(&self, h: Tensor<2>, c: &DecoderConfig) -> (Tensor<2>, Tensor<2>, QkRopeShape) {
+        let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        let layout = |qk_stride, v_stride, v_off| QkRopeShape {
+            n: 0,
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            qk_stride,
+            k_off: q,
+            v_stride,
+            v_off,
+            past: 0,
+            capacity: 0,
+        };
+        match self {
+            Self::Stacked(w) => {
+                let y = w.forward(h);
+                (y.clone(), y, layout(q + 2 * kv, q + 2 * kv, q + kv))
+            }
+            Self::StackedQk(wqk, wv) => (wqk.forward(h.clone()), wv.forward(h), layout(q + kv, kv, 0)),
+            Self::Each([wq, wk, wv]) => {
+                let qk = Tensor::cat(vec![wq.forward(h.clone()), wk.forward(h.clone())], 1);
+                (qk, wv.forward(h), layout(q + kv, kv, 0))
+            }
+        }
+    }
+}
+
+/// A dense FFN's gate and up projections, stacked into one weight where the types allow.
+#[allow(clippy::large_enum_variant)]
+enum GateUp {
+    /// `[gate; up]` in one weight.
+    Stacked(GgmlLinear),
+    /// Each apart.
+    Each(GgmlLinear, GgmlLinear),
+}
+
 /// A layer's feed-forward network.
 // One per layer and long-lived, so the size difference of the variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 enum Ffn {
     /// `down(act(gate x) * up x)`.
-    Dense {
-        gate: GgmlLinear,
-        up: GgmlLinear,
-        down: GgmlLinear,
-    },
+    Dense { gate_up: GateUp, down: GgmlLinear },
     /// Routed experts: `router` `[n_expert, n_embd]` (`ffn_gate_inp`).
     Moe {
         router: Tensor<2>,
         experts: GgmlExperts,
     },
-}
-
-/// Keys and values of the tokens seen so far, per layer: `[n_head_kv, len, head_dim]` each.
-#[derive(Clone, Default)]
-pub struct KvCache {
-    layers: Vec<Option<(Tensor<3>, Tensor<3>)>>,
-    len: usize,
-}
-
-impl KvCache {
-    /// An empty cache.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Tokens cached.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Keeps the first `len` tokens (no-op when `len >= self.len()`), so a conversation reuses
-    /// the keys and values of its common prefix.
-    pub fn truncate(&mut self, len: usize) {
-        if len >= self.len {
-            return;
-        }
-        for layer in &mut self.layers {
-            *layer = match layer.take() {
-                Some((k, v)) if len > 0 => Some((k.narrow(1, 0, len), v.narrow(1, 0, len))),
-                _ => None,
-            };
-        }
-        self.len = len;
-    }
 }
 
 /// A decoder-only language model with packed weights on one device.
@@ -283,53 +308,10 @@ pub struct Decoder {
     head: GgmlLinear,
     /// `rope_freqs.weight` (`head_dim / 2` frequency divisors, Llama 3.1+), if present.
     rope_freqs: Option<Vec<f32>>,
+    /// RoPE angle tables on the device, `[global, local]` (the same table twice without a
+    /// sliding window), built for the positions used so far and grown with them.
+    rope: Mutex<Option<[RopeTable; 2]>>,
     device: Device,
-}
-
-/// Rotary position embedding tables for positions `start..start + n`: `cos` and `sin` of
-/// `pos * base^(-2i/d) / freq_factors[i]`, each `[n, d/2]` (angles in f64).
-#[derive(Clone, Debug)]
-pub struct Rope {
-    cos: Tensor<2>,
-    sin: Tensor<2>,
-    style: RopeStyle,
-}
-
-impl Rope {
-    /// Tables for `n` positions from `start`, heads of `head_dim`; `freq_factors` (`head_dim / 2`
-    /// values, llama.cpp `rope_freqs`) divide the frequencies where given.
-    pub fn new(
-        start: usize,
-        n: usize,
-        head_dim: usize,
-        base: f32,
-        style: RopeStyle,
-        freq_factors: Option<&[f32]>,
-        device: &Device,
-    ) -> Self {
-        let half = head_dim / 2;
-        let mut cos = Vec::with_capacity(n * half);
-        let mut sin = Vec::with_capacity(n * half);
-        for p in start..start + n {
-            for i in 0..half {
-                let factor = freq_factors.map_or(1.0, |f| f[i] as f64);
-                let theta = (base as f64).powf(-2.0 * i as f64 / head_dim as f64) / factor;
-                let a = p as f64 * theta;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
-            }
-        }
-        Self {
-            cos: Tensor::from_data(TensorData::new(cos, [n, half]), device),
-            sin: Tensor::from_data(TensorData::new(sin, [n, half]), device),
-            style,
-        }
-    }
-
-    /// Rotates `x` `[n, heads, head_dim]` ([`burn_gguf::rope`]).
-    pub fn apply(&self, x: Tensor<3>) -> Tensor<3> {
-        burn_gguf::rope(x, &self.cos, &self.sin, self.style)
-    }
 }
 
 /// The top `n_expert_used` experts of each row of `probs` (`[n, n_expert]`, softmax of the
@@ -353,32 +335,6 @@ fn route(probs: &[f32], moe: &Moe) -> (Vec<u32>, Vec<f32>) {
     (ids, weights)
 }
 
-/// Additive mask `[n, total]` for queries at positions `past..past + n` over keys `0..total`:
-/// causal, and within `window` tokens when given.
-fn attention_mask(
-    past: usize,
-    n: usize,
-    window: Option<usize>,
-    device: &Device,
-) -> Option<Tensor<2>> {
-    let total = past + n;
-    let limited = window.is_some_and(|w| total > w);
-    if n == 1 && !limited {
-        return None;
-    }
-    let mut m = vec![0.0f32; n * total];
-    for t in 0..n {
-        let p = past + t;
-        for s in 0..total {
-            let visible = s <= p && window.is_none_or(|w| p - s < w);
-            if !visible {
-                m[t * total + s] = f32::NEG_INFINITY;
-            }
-        }
-    }
-    Some(Tensor::from_data(TensorData::new(m, [n, total]), device))
-}
-
 impl Decoder {
     /// Loads the model of `loader`'s file, its architecture from `general.architecture`.
     ///
@@ -392,14 +348,29 @@ impl Decoder {
         let mut layers = Vec::with_capacity(config.n_layers);
         for il in 0..config.n_layers {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
+            // Checked on the file before Q/K/V are stacked into one weight.
+            let (e, hd) = (config.n_embd, config.head_dim);
+            for (name, rows) in [
+                ("attn_q", config.n_head * hd),
+                ("attn_k", config.n_head_kv * hd),
+                ("attn_v", config.n_head_kv * hd),
+            ] {
+                let got = file.tensor(&n(name)).map(|t| t.shape());
+                if got.as_deref().is_some_and(|s| s != [rows, e]) {
+                    return Err(Error::Model(format!(
+                        "{}: shape {:?}, expected {:?}",
+                        n(name),
+                        got.unwrap_or_default(),
+                        [rows, e]
+                    )));
+                }
+            }
             let pair = |a: &str, b: &str| -> Result<[Tensor<1>; 2], Error> {
                 Ok([loader.dense(&n(a))?, loader.dense(&n(b))?])
             };
             layers.push(Layer {
                 attn_norm: loader.dense(&n("attn_norm"))?,
-                wq: loader.linear(&n("attn_q"))?,
-                wk: loader.linear(&n("attn_k"))?,
-                wv: loader.linear(&n("attn_v"))?,
+                qkv: Qkv::load(loader, &n("attn_q"), &n("attn_k"), &n("attn_v"))?,
                 wo: loader.linear(&n("attn_output"))?,
                 qk_norm: match config.qk_norm {
                     true => Some(pair("attn_q_norm", "attn_k_norm")?),
@@ -412,8 +383,13 @@ impl Decoder {
                 ffn_norm: loader.dense(&n("ffn_norm"))?,
                 ffn: match config.moe {
                     None => Ffn::Dense {
-                        gate: loader.linear(&n("ffn_gate"))?,
-                        up: loader.linear(&n("ffn_up"))?,
+                        gate_up: match loader.stacked_linear(&[&n("ffn_gate"), &n("ffn_up")])? {
+                            Some(w) => GateUp::Stacked(w),
+                            None => GateUp::Each(
+                                loader.linear(&n("ffn_gate"))?,
+                                loader.linear(&n("ffn_up"))?,
+                            ),
+                        },
                         down: loader.linear(&n("ffn_down"))?,
                     },
                     Some(_) => Ffn::Moe {
@@ -465,6 +441,7 @@ impl Decoder {
             output_norm,
             head,
             rope_freqs,
+            rope: Mutex::new(None),
             device: loader.device().clone(),
         };
         model.check_shapes()?;
@@ -495,14 +472,18 @@ impl Decoder {
         )?;
         for (il, l) in self.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
-            expect(n("attn_q"), l.wq.weight.shape(), [c.n_head * hd, e])?;
-            expect(n("attn_k"), l.wk.weight.shape(), [c.n_head_kv * hd, e])?;
-            expect(n("attn_v"), l.wv.weight.shape(), [c.n_head_kv * hd, e])?;
             expect(n("attn_output"), l.wo.weight.shape(), [e, c.n_head * hd])?;
             match (&l.ffn, &c.moe) {
-                (Ffn::Dense { gate, up, down }, _) => {
-                    expect(n("ffn_gate"), gate.weight.shape(), [c.n_ff, e])?;
-                    expect(n("ffn_up"), up.weight.shape(), [c.n_ff, e])?;
+                (Ffn::Dense { gate_up, down }, _) => {
+                    match gate_up {
+                        GateUp::Stacked(w) => {
+                            expect(n("ffn_gate + ffn_up"), w.weight.shape(), [2 * c.n_ff, e])?
+                        }
+                        GateUp::Each(gate, up) => {
+                            expect(n("ffn_gate"), gate.weight.shape(), [c.n_ff, e])?;
+                            expect(n("ffn_up"), up.weight.shape(), [c.n_ff, e])?;
+                        }
+                    }
                     expect(n("ffn_down"), down.weight.shape(), [e, c.n_ff])?;
                 }
                 (Ffn::Moe { router, experts }, Some(m)) => {
@@ -552,17 +533,61 @@ impl Decoder {
         &self.device
     }
 
-    /// Runs `ids` (the next tokens after those in `cache`) and appends them to `cache`.
+    /// The layers' state kinds, for [`SequenceState`] to allocate.
+    fn layer_kinds(&self) -> Vec<LayerKind> {
+        let c = &self.config;
+        vec![
+            LayerKind::Attention {
+                n_head_kv: c.n_head_kv,
+                head_dim: c.head_dim,
+            };
+            c.n_layers
+        ]
+    }
+
+    /// RoPE tables `[global, local]` covering at least `positions` positions, built on first
+    /// use and rebuilt (at least doubled, at most `context_length`) when a longer sequence
+    /// comes.
+    fn rope_tables(&self, positions: usize) -> [RopeTable; 2] {
+        let mut tables = self.rope.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = tables.as_ref().filter(|t| t[0].positions() >= positions) {
+            return t.clone();
+        }
+        let c = &self.config;
+        let have = tables.as_ref().map_or(0, |t| t[0].positions());
+        let n = positions
+            .max(2 * have)
+            .max(crate::state::CAPACITY_STEP)
+            .min(c.context_length)
+            .max(positions);
+        let (hd, dev) = (c.head_dim, &self.device);
+        let global = RopeTable::new(n, hd, c.rope_base, self.rope_freqs.as_deref(), dev);
+        // llama.cpp gemma3: the local layers use their own base and no frequency scaling.
+        let local = match &c.sliding_window {
+            Some(w) => RopeTable::new(n, hd, w.rope_base, None, dev),
+            None => global.clone(),
+        };
+        let t = [global, local];
+        *tables = Some(t.clone());
+        t
+    }
+
+    /// Runs `ids` (the next tokens after those in `state`) and appends them to `state`.
     /// Returns logits `[ids.len(), vocab]` when `all_logits`, else `[1, vocab]` for the last
     /// token only.
     ///
+    /// Per layer on a CubeCL device: the residual add and norm as one kernel, Q/K/V as one to
+    /// three GEMVs (stacked weights), Q/K norm + RoPE + the KV-cache write as one kernel,
+    /// attention as one kernel over the preallocated cache, the output projection, the
+    /// residual step, gate/up as one GEMV, the activation, and down.
+    ///
     /// # Errors
     /// Empty `ids`, a token id not below the vocabulary size, or a context past
-    /// `context_length`.
+    /// `context_length`. A failure part way through a pass leaves `state` empty.
     pub fn forward(
         &self,
         ids: &[u32],
-        cache: &mut KvCache,
+        state: &mut SequenceState,
         all_logits: bool,
     ) -> Result<Tensor<2>, Error> {
         let c = &self.config;
@@ -570,110 +595,96 @@ impl Decoder {
         if n == 0 {
             return Err(Error::Model("forward needs at least one token".into()));
         }
-        let past = cache.len;
-        if past + n > c.context_length {
+        let past = state.len();
+        let total = past + n;
+        if total > c.context_length {
             return Err(Error::Model(format!(
-                "context of {} tokens exceeds the model's {}",
-                past + n,
+                "context of {total} tokens exceeds the model's {}",
                 c.context_length
             )));
         }
-        if cache.layers.len() != c.n_layers {
-            cache.layers = (0..c.n_layers).map(|_| None).collect();
-        }
         let dev = &self.device;
-        let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_head_kv);
-        let rep = nh / nkv;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let total = past + n;
+        state.reserve(total, c.context_length, &self.layer_kinds(), dev);
+        let capacity = state.capacity();
+        let tables = self.rope_tables(total);
+        let (hd, eps) = (c.head_dim, c.rms_eps);
+        let scale = 1.0 / (hd as f32).sqrt();
 
         let mut x = self.embed.forward(ids)?;
         if let Some(s) = c.embed_scale {
             x = x * s;
         }
-        let factors = self.rope_freqs.as_deref();
-        let rope_global = Rope::new(past, n, hd, c.rope_base, c.rope_style, factors, dev);
-        let mask_global = attention_mask(past, n, None, dev);
-        let (rope_local, mask_local) = match &c.sliding_window {
-            // llama.cpp gemma3: the local layers use their own base and no frequency scaling.
-            Some(w) => (
-                Rope::new(past, n, hd, w.rope_base, c.rope_style, None, dev),
-                attention_mask(past, n, Some(w.window), dev),
-            ),
-            None => (rope_global.clone(), mask_global.clone()),
-        };
-
-        for (il, l) in self.layers.iter().enumerate() {
-            let local = c.is_local(il);
-            let rope = if local { &rope_local } else { &rope_global };
-            let mask = if local { &mask_local } else { &mask_global };
-
-            let h = rms_norm(x.clone(), &l.attn_norm, c.rms_eps);
-            let mut q = l.wq.forward(h.clone()).reshape([n, nh, hd]);
-            let mut k = l.wk.forward(h.clone()).reshape([n, nkv, hd]);
-            if let Some([qn, kn]) = &l.qk_norm {
-                q = rms_norm(q, qn, c.rms_eps);
-                k = rms_norm(k, kn, c.rms_eps);
-            }
-            let v = l.wv.forward(h).reshape([n, nkv, hd]);
-            let q = rope.apply(q).swap_dims(0, 1); // [nh, n, hd]
-            let k = rope.apply(k).swap_dims(0, 1); // [nkv, n, hd]
-            let v = v.swap_dims(0, 1);
-            let (k, v) = match cache.layers[il].take() {
-                Some((pk, pv)) => (Tensor::cat(vec![pk, k], 1), Tensor::cat(vec![pv, v], 1)),
-                None => (k, v),
+        let first_norm = self.layers.first().map_or(&self.output_norm, |l| &l.attn_norm);
+        let mut h = burn_gguf::rms_norm(x.clone(), first_norm, eps);
+        let old = state.take_layers();
+        let mut layers = Vec::with_capacity(old.len());
+        for ((il, l), layer_state) in self.layers.iter().enumerate().zip(old) {
+            let LayerState::Attention { k: k_cache, v: v_cache } = layer_state else {
+                return Err(Error::Model(format!("layer {il} holds no KV cache")));
             };
-            cache.layers[il] = Some((k.clone(), v.clone()));
-
-            // Grouped-query attention: query heads g*rep..(g+1)*rep share kv head g.
-            let qg = q.reshape([nkv, rep * n, hd]);
-            let scores = qg.matmul(k.swap_dims(1, 2)) * scale; // [nkv, rep*n, total]
-            let mut scores = scores.reshape([nkv, rep, n, total]);
-            if let Some(m) = mask {
-                scores = scores + m.clone().unsqueeze::<4>();
-            }
-            let probs = softmax(scores, 3).reshape([nkv, rep * n, total]);
-            let attn = probs
-                .matmul(v)
-                .reshape([nh, n, hd])
-                .swap_dims(0, 1)
-                .reshape([n, nh * hd]);
-            let mut o = l.wo.forward(attn);
-            if let Some([post_attn, _]) = &l.post_norms {
-                o = rms_norm(o, post_attn, c.rms_eps);
-            }
-            x = x + o;
-
-            let h = rms_norm(x.clone(), &l.ffn_norm, c.rms_eps);
-            let mut d = match &l.ffn {
-                Ffn::Dense { gate, up, down } => {
-                    let g = gate.forward(h.clone());
-                    down.forward(burn_gguf::gated(g, up.forward(h), c.activation))
-                }
+            let local = c.is_local(il);
+            let (qk, v, layout) = l.qkv.forward(h, c);
+            let layout = QkRopeShape {
+                n,
+                past,
+                capacity,
+                ..layout
+            };
+            let norm = l.qk_norm.as_ref().map(|[q, k]| QkNorm { q, k, eps });
+            let table = &tables[usize::from(local)];
+            let (q, k_cache, v_cache) =
+                qk_rope_cache(qk, v, norm, table, c.rope_style, k_cache, v_cache, layout);
+            let window = if local {
+                c.sliding_window.as_ref().map(|w| w.window)
+            } else {
+                None
+            };
+            let shape = AttentionShape {
+                n,
+                n_head: c.n_head,
+                n_head_kv: c.n_head_kv,
+                head_dim: hd,
+                capacity,
+                past,
+                window,
+            };
+            let attn = attention(q, &k_cache, &v_cache, shape, scale);
+            layers.push(LayerState::Attention {
+                k: k_cache,
+                v: v_cache,
+            });
+            let o = l.wo.forward(attn);
+            let post = l.post_norms.as_ref();
+            let (x_mid, h_ffn) = add_rms_norm(x, o, post.map(|[a, _]| a), &l.ffn_norm, eps);
+            let d = match &l.ffn {
+                Ffn::Dense { gate_up, down } => down.forward(match gate_up {
+                    GateUp::Stacked(w) => gated_stacked(w.forward(h_ffn), c.activation),
+                    GateUp::Each(gate, up) => {
+                        gated(gate.forward(h_ffn.clone()), up.forward(h_ffn), c.activation)
+                    }
+                }),
                 Ffn::Moe { router, experts } => {
                     let m = c
                         .moe
                         .as_ref()
                         .ok_or_else(|| Error::Model("a MoE layer without a MoE config".into()))?;
-                    let probs = softmax(h.clone().matmul(router.clone().transpose()), 1);
+                    let probs = softmax(h_ffn.clone().matmul(router.clone().transpose()), 1);
                     let probs = probs
                         .try_into_data()
                         .map_err(|e| Error::Device(format!("{e:?}")))?
                         .try_to_vec::<f32>()
                         .map_err(|e| Error::Device(format!("{e:?}")))?;
                     let (ids, weights) = route(&probs, m);
-                    experts.forward(h, &ids, &weights, m.n_expert_used)?
+                    experts.forward(h_ffn, &ids, &weights, m.n_expert_used)?
                 }
             };
-            if let Some([_, post_ffw]) = &l.post_norms {
-                d = rms_norm(d, post_ffw, c.rms_eps);
-            }
-            x = x + d;
+            // The next layer's attention norm, or after the last layer the output norm.
+            let next = self.layers.get(il + 1).map_or(&self.output_norm, |n| &n.attn_norm);
+            (x, h) = add_rms_norm(x_mid, d, post.map(|[_, f]| f), next, eps);
         }
-        cache.len = total;
-
-        let x = if all_logits { x } else { x.narrow(0, n - 1, 1) };
-        let x = rms_norm(x, &self.output_norm, c.rms_eps);
-        Ok(self.head.forward(x))
+        state.put_layers(layers, total);
+        drop(x);
+        let h = if all_logits { h } else { h.narrow(0, n - 1, 1) };
+        Ok(self.head.forward(h))
     }
 }

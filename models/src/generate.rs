@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 /// A causal language model that generation can drive.
 pub trait CausalLm {
-    /// Its KV cache.
+    /// Its per-sequence state (KV cache).
     type Cache;
     /// An empty cache.
     fn new_cache(&self) -> Self::Cache;
@@ -23,14 +23,15 @@ pub trait CausalLm {
         cache: &mut Self::Cache,
         all_logits: bool,
     ) -> Result<Tensor<2>, Error>;
-    /// Drops all but the first `len` cached tokens.
-    fn truncate_cache(&self, cache: &mut Self::Cache, len: usize);
+    /// Drops all but the first `len` cached tokens; returns the tokens kept (fewer than `len`
+    /// where the state cannot be cut back there, as a recurrent layer's).
+    fn truncate_cache(&self, cache: &mut Self::Cache, len: usize) -> usize;
 }
 
 impl CausalLm for crate::decoder::Decoder {
-    type Cache = crate::decoder::KvCache;
+    type Cache = crate::state::SequenceState;
     fn new_cache(&self) -> Self::Cache {
-        crate::decoder::KvCache::new()
+        crate::state::SequenceState::new()
     }
     fn forward(
         &self,
@@ -40,8 +41,8 @@ impl CausalLm for crate::decoder::Decoder {
     ) -> Result<Tensor<2>, Error> {
         crate::decoder::Decoder::forward(self, ids, cache, all_logits)
     }
-    fn truncate_cache(&self, cache: &mut Self::Cache, len: usize) {
-        cache.truncate(len);
+    fn truncate_cache(&self, cache: &mut Self::Cache, len: usize) -> usize {
+        cache.truncate(len)
     }
 }
 
@@ -55,8 +56,13 @@ pub struct Session<C> {
 impl<C> Session<C> {
     /// An empty session for `model`.
     pub fn new<M: CausalLm<Cache = C>>(model: &M) -> Self {
+        Self::with_cache(model.new_cache())
+    }
+
+    /// An empty session over `cache` (for example a [`crate::SequenceState::with_capacity`]).
+    pub fn with_cache(cache: C) -> Self {
         Self {
-            cache: model.new_cache(),
+            cache,
             ids: Vec::new(),
         }
     }
@@ -184,7 +190,7 @@ pub fn generate_ids<M: CausalLm>(
         .take_while(|(a, b)| a == b)
         .count()
         .min(prompt_ids.len() - 1);
-    model.truncate_cache(&mut session.cache, reuse);
+    let reuse = model.truncate_cache(&mut session.cache, reuse);
     session.ids.truncate(reuse);
     let mut timings = Timings {
         prompt_tokens: prompt_ids.len() - reuse,

@@ -5,13 +5,14 @@ pub mod chat;
 pub mod decoder;
 pub mod generate;
 pub mod sampling;
+pub mod state;
 pub mod tokenizer;
 
 pub use chat::{ChatTemplate, Message};
 pub use decoder::{
-    ARCHITECTURES, Activation, Decoder, DecoderConfig, KvCache, Moe, Rope, RopeStyle,
-    SlidingWindow, rms_norm,
+    ARCHITECTURES, Activation, Decoder, DecoderConfig, Moe, RopeStyle, SlidingWindow, rms_norm,
 };
+pub use state::{LayerKind, LayerState, SequenceState};
 pub use generate::{CausalLm, Generation, Session, Timings, generate, generate_ids};
 pub use sampling::{Sampler, SamplerConfig};
 pub use tokenizer::GgufTokenizer;

@@ -79,7 +79,7 @@ fn teacher_forced(name: &str) {
     let rows = ids.len();
     assert_eq!(margins.len(), rows);
 
-    let mut cache = burn_gguf_models::KvCache::new();
+    let mut cache = burn_gguf_models::SequenceState::new();
     let logits = f.model.forward(&ids, &mut cache, true).expect("forward");
     let [n, vocab] = logits.dims();
     assert_eq!((n, vocab), (rows, 262_144));

@@ -483,3 +483,88 @@ fn gated_activation_kernel() {
         }
     }
 }
+
+/// The KV-cache step and attention kernels against float64 references
+/// (`ggml_kernels::check::attention_error`): every case of `attention_cases` (1 and 8 query
+/// rows and a 37-row prefill, GQA ratios 1, 2 and 8, contexts inside one split, not a multiple
+/// of it and several splits long, sliding windows shorter and longer than the context, both
+/// RoPE pairings, with and without Q/K norm). Cache positions outside the step stay bit for
+/// bit as they were.
+#[test]
+fn attention_kernels() {
+    let device = burn_gguf::default_device();
+    let client = burn_gguf::cube_client(&device).expect("a CubeCL device");
+    for (i, case) in ggml_kernels::check::attention_cases().into_iter().enumerate() {
+        let err = ggml_kernels::check::attention_error(&client, case, 40 + i as u64)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+        assert!(err <= 1.0, "{}: error {err} x the bound", case.label());
+    }
+}
+
+/// The residual step (one kernel on this device) against `x + rms_norm(o, pre)` and the next
+/// norm in f64, with and without the pre-norm, on rows of Gemma 3 270M's width with values up
+/// to 1e4.
+#[test]
+fn add_rms_norm_kernel() {
+    let device = burn_gguf::default_device();
+    let (rows, d, eps) = (3usize, 640usize, 1e-6f32);
+    let t2 = |v: &[f32]| Tensor::<2>::from_data(TensorData::new(v.to_vec(), [rows, d]), &device);
+    let t1 = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [d]), &device);
+    let x: Vec<f32> = rand_vec(rows * d, 51).iter().map(|v| v * 1e4).collect();
+    let o: Vec<f32> = rand_vec(rows * d, 52).iter().map(|v| v * 30.0).collect();
+    let (pre, w) = (rand_vec(d, 53), rand_vec(d, 54));
+    let norm = |v: &[f64], w: &[f32]| -> Vec<f64> {
+        let inv = 1.0 / (v.iter().map(|a| a * a).sum::<f64>() / d as f64 + f64::from(eps)).sqrt();
+        v.iter().zip(w).map(|(a, b)| a * inv * f64::from(*b)).collect()
+    };
+    for with_pre in [false, true] {
+        let (x_out, h) =
+            burn_gguf::add_rms_norm(t2(&x), t2(&o), with_pre.then(|| t1(&pre)).as_ref(), &t1(&w), eps);
+        let (x_out, h) = (to_vec(x_out), to_vec(h));
+        for r in 0..rows {
+            let orow: Vec<f64> = o[r * d..(r + 1) * d].iter().map(|&v| f64::from(v)).collect();
+            let orow = if with_pre { norm(&orow, &pre) } else { orow };
+            let sum: Vec<f64> = orow
+                .iter()
+                .zip(&x[r * d..(r + 1) * d])
+                .map(|(a, b)| a + f64::from(*b))
+                .collect();
+            let hrow = norm(&sum, &w);
+            for i in 0..d {
+                let (gx, gh) = (f64::from(x_out[r * d + i]), f64::from(h[r * d + i]));
+                assert!(
+                    (gx - sum[i]).abs() <= 1e-6 * sum[i].abs().max(1.0),
+                    "pre={with_pre} row {r} x[{i}]: {gx} against {}",
+                    sum[i]
+                );
+                assert!(
+                    (gh - hrow[i]).abs() <= 1e-5 * hrow[i].abs().max(1.0),
+                    "pre={with_pre} row {r} h[{i}]: {gh} against {}",
+                    hrow[i]
+                );
+            }
+        }
+    }
+}
+
+/// `act(gate) * up` of a stacked gate/up projection (one kernel) equals the two-tensor form
+/// on the halves, bit for bit, for both activations.
+#[test]
+fn stacked_gated_activation_kernel() {
+    use burn_gguf::Activation;
+    let device = burn_gguf::default_device();
+    let (rows, width) = (3usize, 37usize);
+    let gu: Vec<f32> = rand_vec(rows * 2 * width, 61).iter().map(|v| v * 6.0).collect();
+    let t = |v: Vec<f32>, cols| Tensor::<2>::from_data(TensorData::new(v, [rows, cols]), &device);
+    let half = |second: bool| -> Vec<f32> {
+        gu.chunks(2 * width)
+            .flat_map(|r| if second { &r[width..] } else { &r[..width] })
+            .copied()
+            .collect()
+    };
+    for act in [Activation::GeluTanh, Activation::Silu] {
+        let stacked = to_vec(burn_gguf::gated_stacked(t(gu.clone(), 2 * width), act));
+        let apart = to_vec(burn_gguf::gated(t(half(false), width), t(half(true), width), act));
+        assert_eq!(stacked, apart, "{act:?}");
+    }
+}

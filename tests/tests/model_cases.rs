@@ -172,7 +172,8 @@ fn c20_merged_gate_up_experts() {
 /// adjacent pairs: one head of 4, base 10 000, `q = [1, 0, 0, 0]` at positions 0 and 1.
 #[test]
 fn c16_rope_pairing_per_architecture() {
-    use burn_gguf_models::{Rope, RopeStyle};
+    use burn_gguf::{RopeTable, rope};
+    use burn_gguf_models::RopeStyle;
     let device = burn_gguf::default_device();
     let q = Tensor::<3>::from_data(
         TensorData::new(vec![1f32, 0., 0., 0., 1., 0., 0., 0.], [2, 1, 4]),
@@ -182,7 +183,8 @@ fn c16_rope_pairing_per_architecture() {
         (RopeStyle::Neox, [0.540_302_3f32, 0.0, 0.841_471, 0.0]),
         (RopeStyle::Norm, [0.540_302_3f32, 0.841_471, 0.0, 0.0]),
     ] {
-        let got = to_vec(Rope::new(0, 2, 4, 10_000.0, style, None, &device).apply(q.clone()));
+        let table = RopeTable::new(2, 4, 10_000.0, None, &device);
+        let got = to_vec(rope(q.clone(), &table.cos, &table.sin, style));
         assert_eq!(&got[..4], &[1.0, 0.0, 0.0, 0.0], "{style:?} position 0");
         for (a, b) in got[4..].iter().zip(&want) {
             assert!((a - b).abs() <= 1e-6, "{style:?} position 1: {got:?}");

@@ -46,6 +46,7 @@
 //!
 //! Weights are random valid blocks (a small set repeated: the values do not matter for timing,
 //! only that they decode to finite numbers).
+pub(crate) mod decode;
 mod e2e;
 mod system;
 
@@ -113,6 +114,18 @@ pub struct Options {
     /// row-per-unit, shared, shared-one-row, own-rows, plane.
     #[arg(long, value_name = "NAME")]
     pub variant: Option<String>,
+    /// llama.cpp's `llama-bench` binary (`scripts/build-llama-bench.sh` builds one): its `tg`
+    /// and `pp` on the same model files, measured in this run next to ours.
+    #[arg(long, value_name = "PATH")]
+    pub llama_bench: Option<PathBuf>,
+    /// Tiny model of the per-token overhead measurement (default: the tiny-qwen3-Q8_0 fixture
+    /// in ../shared).
+    #[arg(long, value_name = "PATH")]
+    pub tiny: Option<PathBuf>,
+    /// Only the decode measurements (kernels, host time and tokens/s per token, fresh-process
+    /// first token, llama.cpp): no GEMV, prefill or end-to-end tables.
+    #[arg(long)]
+    pub decode_only: bool,
 }
 
 /// The GEMV variant `name` ([`GemvConfig`]'s `FromStr`: `own-r8-l8-plane`, `split-l8-r8-smem`, the
@@ -731,11 +744,22 @@ pub fn run(opts: &Options) -> Result<(), String> {
         budget.min_s, budget.min_iters
     );
 
-    let end_to_end = if opts.no_e2e {
-        println!("end to end: skipped (--no-e2e)\n");
+    let end_to_end = if opts.no_e2e || opts.decode_only {
+        println!("end to end: skipped\n");
         json!({"skipped": "--no-e2e"})
     } else {
         e2e::end_to_end(opts)
+    };
+    let decode_json = if opts.no_e2e && !opts.decode_only {
+        json!({"skipped": "--no-e2e"})
+    } else {
+        let steps = if opts.quick { 16 } else { 32 };
+        let tiny = opts.tiny.clone().unwrap_or_else(|| PathBuf::from(decode::TINY));
+        let mut models = vec![("tiny", tiny, 64)];
+        if let Some(p) = e2e::model_path(opts) {
+            models.insert(0, ("model", p, steps));
+        }
+        decode::run(&client, &models, opts.llama_bench.as_deref())
     };
 
     let selected: Vec<GgmlType> = GgmlType::all()
@@ -769,6 +793,7 @@ pub fn run(opts: &Options) -> Result<(), String> {
             "gemv": gemv,
             "prefill": prefill,
             "end_to_end": end_to_end,
+            "decode": decode_json,
             "total_seconds": t_start.elapsed().as_secs_f64(),
         });
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
@@ -780,6 +805,10 @@ pub fn run(opts: &Options) -> Result<(), String> {
     };
     // Written after every measurement too, so a run cut short leaves what it measured.
     save(&[], &[], false)?;
+    if opts.decode_only {
+        save(&[], &[], true)?;
+        return Ok(());
+    }
 
     let bench = Bench {
         device,

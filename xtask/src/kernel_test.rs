@@ -54,7 +54,8 @@ impl Row {
     }
 }
 
-/// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `big`); prints the table.
+/// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `big`, `attention`);
+/// prints the table.
 /// Returns the number of failures.
 pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
     let device = burn_gguf::default_device();
@@ -155,6 +156,15 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
             format!("{r}x{c} ({} MB)", bytes.len() / 1_000_000),
             Ok(worst),
         );
+    }
+    // The KV-cache step (Q/K norm + RoPE + cache write) and attention (with its split
+    // combine): no ggml type, so only when no type is asked for.
+    if op.is_none_or(|o| o == "attention") && ty.is_none() {
+        for (i, case) in ggml_kernels::check::attention_cases().into_iter().enumerate() {
+            let e = ggml_kernels::check::attention_error(&client, case, 40 + i as u64)
+                .map_err(|e| e.to_string());
+            push("qk_rope_cache + attention".into(), case.label(), e);
+        }
     }
     let failed = rows_out.iter().filter(|r| !r.passed()).count();
     println!(

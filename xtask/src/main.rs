@@ -47,8 +47,9 @@ enum Command {
         /// Only this ggml type (e.g. Q4_K).
         #[arg(long = "type")]
         ggml_type: Option<gguf::GgmlType>,
-        /// Only this op: gemv, dequantize, big (262,144-row and over-128-MiB shapes).
-        #[arg(long, value_parser = ["gemv", "dequantize", "big"])]
+        /// Only this op: gemv, dequantize, big (262,144-row and over-128-MiB shapes),
+        /// attention (the KV-cache step and attention kernels).
+        #[arg(long, value_parser = ["gemv", "dequantize", "big", "attention"])]
         op: Option<String>,
     },
     /// Benchmark the packed path on the wgpu device: fused GEMV per ggml type and shape (1 and 8
@@ -58,6 +59,13 @@ enum Command {
     /// Times are seconds per call (mean after one warm-up call), bandwidths 10^9 bytes/s of
     /// weights. See `xtask/src/bench.rs` for what each figure measures.
     Bench(bench::Options),
+    /// (For `bench`.) Load a model, prefill a short prompt, print the first token's timings as
+    /// one JSON line and exit: the child process of the fresh-process first-token measurement.
+    #[command(hide = true)]
+    FirstToken {
+        /// The GGUF model.
+        model: std::path::PathBuf,
+    },
 }
 
 mod bench;
@@ -83,6 +91,7 @@ fn main() -> ExitCode {
                 n => Err(format!("{n} kernel variants failed")),
             }),
         Command::Bench(opts) => bench::run(&opts),
+        Command::FirstToken { model } => bench::decode::first_token_child(&model),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

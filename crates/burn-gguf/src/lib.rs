@@ -8,6 +8,7 @@
 //! [`GgufLoader`] builds them from a file, falling back to dequantization, explicitly and
 //! reported, when no kernel fits. [`write::add_quantized`] goes the other way: a Burn tensor,
 //! quantized by the CPU codec, into a [`gguf::GgufWriter`].
+pub mod attention;
 pub mod loader;
 pub mod nn;
 pub mod ops;
@@ -15,9 +16,10 @@ pub mod tensor;
 pub mod write;
 
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
+pub use attention::{AttentionShape, QkNorm, QkRopeShape, RopeTable, attention, qk_rope_cache};
 pub use nn::{
-    Activation, DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, RopeStyle, Weight, gated,
-    rms_norm, rope,
+    Activation, DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, RopeStyle, Weight,
+    add_rms_norm, gated, gated_stacked, rms_norm, rope,
 };
 pub use tensor::GgmlTensor;
 

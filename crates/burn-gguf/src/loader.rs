@@ -385,6 +385,57 @@ impl<'a> GgufLoader<'a> {
         })
     }
 
+    /// One Linear layer (no bias) whose weight stacks the rows of the 2-D weights `names` in
+    /// order: `[sum of rows, cols]`, so projections that share an input run as one GEMV
+    /// (llama.cpp's fused `attn_qkv`; here Q/K/V or gate/up). The blocks stay the file's:
+    /// stacking rows of one ggml type is concatenating their bytes. Returns `None`, loading
+    /// nothing, unless every weight would be packed, all share one ggml type and row length,
+    /// and the stack fits one device buffer; the caller then loads them one by one.
+    ///
+    /// # Errors
+    /// A missing tensor or one that is not 2-D.
+    pub fn stacked_linear(&self, names: &[&str]) -> Result<Option<GgmlLinear>, Error> {
+        let mut infos = Vec::with_capacity(names.len());
+        for name in names {
+            let info = self.info(name)?;
+            let shape: [usize; 2] = info.shape().try_into().map_err(|_| Error::Tensor {
+                name: (*name).into(),
+                reason: format!("expected a 2-D weight, found shape {:?}", info.shape()),
+            })?;
+            infos.push((info, shape));
+        }
+        let Some(&(first, [_, cols])) = infos.first() else {
+            return Ok(None);
+        };
+        let same = infos
+            .iter()
+            .all(|(i, [_, c])| i.ggml_type == first.ggml_type && *c == cols);
+        let packed = infos
+            .iter()
+            .all(|(i, _)| plan(i, &self.device, &self.config) == LoadKind::Packed);
+        let rows: usize = infos.iter().map(|(_, [r, _])| r).sum();
+        let Some(max_buffer) = crate::max_buffer_bytes(&self.device) else {
+            return Ok(None);
+        };
+        let fits = GgmlTensor::rows_per_buffer(first.ggml_type, [rows, cols], max_buffer)
+            .is_ok_and(|per| per >= rows);
+        if !(same && packed && fits && infos.len() > 1) {
+            return Ok(None);
+        }
+        let mut bytes = Vec::new();
+        for (info, _) in &infos {
+            bytes.extend_from_slice(self.file.tensor_data(info));
+        }
+        let t = GgmlTensor::from_bytes(&bytes, first.ggml_type, [rows, cols], &self.device)?;
+        for (info, _) in &infos {
+            self.record(info, LoadKind::Packed);
+        }
+        Ok(Some(GgmlLinear {
+            weight: Weight::Packed(t),
+            bias: None,
+        }))
+    }
+
     /// An embedding table from the 2-D weight `name` `[vocab, dim]`.
     ///
     /// # Errors

@@ -133,8 +133,73 @@ pub fn gated<const D: usize>(gate: Tensor<D>, up: Tensor<D>, act: Activation) ->
     a * up
 }
 
+/// `act(gate) * up` of a stacked gate/up projection: `gate_up` `[n, 2 * width]` f32, the gate
+/// in the first `width` columns and up in the rest (one GEMV of [`crate::GgufLoader::stacked_linear`]
+/// over `ffn_gate` and `ffn_up`) -> `[n, width]`. On a CubeCL device one kernel
+/// ([`ggml_kernels::glu::glu`]); elsewhere [`gated`] over the two halves.
+///
+/// # Panics
+/// If the row length is odd (a programming error in the caller's shapes).
+pub fn gated_stacked(gate_up: Tensor<2>, act: Activation) -> Tensor<2> {
+    let [_, cols] = gate_up.dims();
+    assert!(cols % 2 == 0, "gated_stacked: rows of {cols} values");
+    if is_cube(&gate_up.device()) {
+        return Tensor::from_dispatch(Dispatch::ggml_glu_stacked(
+            gate_up.into_dispatch(),
+            act == Activation::GeluTanh,
+        ));
+    }
+    let width = cols / 2;
+    let gate = gate_up.clone().narrow(1, 0, width);
+    gated(gate, gate_up.narrow(1, width, width), act)
+}
+
+/// The residual step between two sub-layers: `x_out = x + o'` with `o' = rms_norm(o, pre)`
+/// when `pre` is given (Gemma's post-attention / post-FFN norm) or `o' = o`, and
+/// `h = rms_norm(x_out, w)`, the next sub-layer's input. `x`, `o` `[n, d]` f32, `pre`, `w`
+/// `[d]` f32; returns `(x_out, h)`, `[n, d]` each. On a CubeCL device one kernel
+/// ([`ggml_kernels::norm::add_rms_norm`], equal to the unfused ops bit for bit); elsewhere
+/// Burn ops.
+///
+/// # Panics
+/// If the shapes differ (a programming error in the caller's shapes).
+pub fn add_rms_norm(
+    x: Tensor<2>,
+    o: Tensor<2>,
+    pre: Option<&Tensor<1>>,
+    w: &Tensor<1>,
+    eps: f32,
+) -> (Tensor<2>, Tensor<2>) {
+    let d = x.dims()[1];
+    assert!(
+        o.dims() == x.dims() && w.dims() == [d] && pre.is_none_or(|p| p.dims() == [d]),
+        "add_rms_norm: x {:?}, o {:?}, w {:?}",
+        x.dims(),
+        o.dims(),
+        w.dims()
+    );
+    if is_cube(&x.device()) {
+        let (x_out, h) = Dispatch::ggml_add_rms_norm(
+            x.into_dispatch(),
+            o.into_dispatch(),
+            pre.unwrap_or(w).clone().into_dispatch(),
+            w.clone().into_dispatch(),
+            eps,
+            pre.is_some(),
+        );
+        return (Tensor::from_dispatch(x_out), Tensor::from_dispatch(h));
+    }
+    let o = match pre {
+        Some(p) => rms_norm(o, p, eps),
+        None => o,
+    };
+    let x = x + o;
+    let h = rms_norm(x.clone(), w, eps);
+    (x, h)
+}
+
 /// Whether `device` is a CubeCL one, where the fused kernels run.
-fn is_cube(device: &Device) -> bool {
+pub(crate) fn is_cube(device: &Device) -> bool {
     matches!(device.as_dispatch(), DispatchDevice::Cube(_))
 }
 

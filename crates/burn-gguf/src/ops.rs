@@ -1,5 +1,6 @@
 //! The backend extension: ggml-quant ops on Burn tensors, and the per-layer ops of the models
-//! that Burn's ops run as several kernels each (RMSNorm, RoPE, the gated FFN activation).
+//! that Burn's ops run as several kernels each (RMSNorm, the residual add with the next norm,
+//! RoPE, the gated FFN activation, the KV-cache write and attention).
 //!
 //! Implemented for every CubeCL runtime (`CubeBackend`) and, lazily, for `Fusion<CubeBackend>`
 //! (Burn's default wgpu backend), so an op's output feeds fused Burn ops directly. The weights are
@@ -67,6 +68,77 @@ pub trait GgmlOps: burn::backend::Backend {
     /// approximation) with `gelu`, SiLU otherwise; f32 tensors of one shape -> that shape.
     #[fusion(dtype = gate, shape = gate)]
     fn ggml_glu(gate: FloatTensor<Self>, up: FloatTensor<Self>, gelu: bool) -> FloatTensor<Self>;
+
+    /// [`GgmlOps::ggml_glu`] of a stacked gate/up projection: `gate_up` `[rows, 2 * width]` f32
+    /// (gate in the first half of each row, up in the second) -> `[rows, width]`.
+    #[fusion(dtype = gate_up, shape = {
+        let cols = gate_up.num_dims().checked_sub(1).map_or(0, |last| gate_up[last]);
+        burn::tensor::Shape::new([gate_up.num_elements() / cols.max(1), cols / 2])
+    })]
+    fn ggml_glu_stacked(gate_up: FloatTensor<Self>, gelu: bool) -> FloatTensor<Self>;
+
+    /// The residual step, one kernel ([`ggml_kernels::norm::add_rms_norm`]): `x`, `o`
+    /// `[rows, cols]` f32, `w_pre`, `w` `[cols]` f32 -> `(x + o', rms_norm(x + o', w))` with
+    /// `o' = rms_norm(o, w_pre)` when `pre`, else `o` (`w_pre` unread), both `[rows, cols]`.
+    #[fusion(meta = |x: &burn::backend::fusion::custom::TensorSpec, _o, _w_pre, _w, _eps, _pre| (x.clone(), x.clone()))]
+    fn ggml_add_rms_norm(
+        x: FloatTensor<Self>,
+        o: FloatTensor<Self>,
+        w_pre: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        eps: f32,
+        pre: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// One step's heads into the KV cache, one kernel ([`ggml_kernels::attention::qk_rope_cache`]):
+    /// `qk` `[n, qk_stride]` and `v` `[n, v_stride]` f32 (the projections, as `layout` places the
+    /// heads), `q_norm`, `k_norm` `[head_dim]` (read when `norm_eps` is set), `cos`, `sin`
+    /// `[positions, head_dim / 2]`, caches `[n_head_kv, capacity, head_dim]`. Returns the
+    /// rotated queries `[n, n_head, head_dim]` and the caches with positions
+    /// `past..past + n` written (in place when no other tensor shares their buffers).
+    #[fusion(meta = |qk: &burn::backend::fusion::custom::TensorSpec, _v, _qn, _kn, _cos, _sin,
+        k_cache: &burn::backend::fusion::custom::TensorSpec,
+        v_cache: &burn::backend::fusion::custom::TensorSpec,
+        layout: &ggml_kernels::QkRopeShape, _eps, _neox| (
+        burn::backend::fusion::custom::TensorSpec::new(
+            burn::tensor::Shape::new([layout.n, layout.n_head, layout.head_dim]), qk.dtype),
+        k_cache.clone(),
+        v_cache.clone(),
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn ggml_qk_rope_cache(
+        qk: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        q_norm: FloatTensor<Self>,
+        k_norm: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        k_cache: FloatTensor<Self>,
+        v_cache: FloatTensor<Self>,
+        layout: ggml_kernels::QkRopeShape,
+        norm_eps: Option<f32>,
+        neox: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// Causal grouped-query attention over the KV cache, one kernel (two past
+    /// [`ggml_kernels::attention::ATTENTION_SPLIT`] visible keys;
+    /// [`ggml_kernels::attention::attention`]): `q` `[n, n_head, head_dim]`, caches
+    /// `[n_head_kv, capacity, head_dim]` f32 -> `[n, n_head * head_dim]`.
+    #[fusion(dtype = q, shape = burn::tensor::Shape::new([layout.n, layout.n_head * layout.head_dim]))]
+    fn ggml_attention(
+        q: FloatTensor<Self>,
+        k_cache: FloatTensor<Self>,
+        v_cache: FloatTensor<Self>,
+        layout: ggml_kernels::AttentionShape,
+        scale: f32,
+    ) -> FloatTensor<Self>;
+}
+
+/// `t`'s buffer, made its own first when another tensor shares it, so a kernel may write it in
+/// place.
+fn owned(t: CubeTensor) -> CubeTensor {
+    let t = burn_cubecl::kernel::into_contiguous(t);
+    if t.can_mut() { t } else { t.copy() }
 }
 
 fn empty_f32(like: &CubeTensor, shape: Shape) -> CubeTensor {
@@ -211,10 +283,139 @@ impl GgmlOps for CubeBackend {
             gate.into_buffer_arg(),
             up.into_buffer_arg(),
             y.clone().into_buffer_arg(),
+            1,
             len,
+            len,
+            0,
             gelu,
         )
         .unwrap_or_else(|e| panic!("ggml_glu: {e}"));
         y
+    }
+
+    fn ggml_glu_stacked(gate_up: CubeTensor, gelu: bool) -> CubeTensor {
+        assert_eq!(gate_up.dtype, DType::F32, "ggml_glu_stacked takes f32");
+        let gate_up = burn_cubecl::kernel::into_contiguous(gate_up);
+        let shape = gate_up.meta.shape().clone();
+        let cols = shape.num_dims().checked_sub(1).map_or(0, |last| shape[last]);
+        let rows = shape.num_elements() / cols.max(1);
+        let width = cols / 2;
+        let y = empty_f32(&gate_up, Shape::new([rows, width]));
+        let client = gate_up.client.clone();
+        ggml_kernels::launch_glu(
+            &client,
+            gate_up.clone().into_buffer_arg(),
+            gate_up.into_buffer_arg(),
+            y.clone().into_buffer_arg(),
+            rows,
+            width,
+            cols,
+            width,
+            gelu,
+        )
+        .unwrap_or_else(|e| panic!("ggml_glu_stacked: {e}"));
+        y
+    }
+
+    fn ggml_add_rms_norm(
+        x: CubeTensor,
+        o: CubeTensor,
+        w_pre: CubeTensor,
+        w: CubeTensor,
+        eps: f32,
+        pre: bool,
+    ) -> (CubeTensor, CubeTensor) {
+        for (t, what) in [(&x, "x"), (&o, "o"), (&w_pre, "w_pre"), (&w, "w")] {
+            assert_eq!(t.dtype, DType::F32, "ggml_add_rms_norm takes an f32 {what}");
+        }
+        let [x, o, w_pre, w] = [x, o, w_pre, w].map(burn_cubecl::kernel::into_contiguous);
+        let shape = x.meta.shape().clone();
+        let cols = shape.num_dims().checked_sub(1).map_or(0, |last| shape[last]);
+        let rows = shape.num_elements() / cols.max(1);
+        let x_out = empty_f32(&x, shape.clone());
+        let h = empty_f32(&x, shape);
+        let client = x.client.clone();
+        ggml_kernels::launch_add_rms_norm(
+            &client,
+            x.into_buffer_arg(),
+            o.into_buffer_arg(),
+            w_pre.into_buffer_arg(),
+            w.into_buffer_arg(),
+            x_out.clone().into_buffer_arg(),
+            h.clone().into_buffer_arg(),
+            rows,
+            cols,
+            eps,
+            pre,
+        )
+        .unwrap_or_else(|e| panic!("ggml_add_rms_norm: {e}"));
+        (x_out, h)
+    }
+
+    fn ggml_qk_rope_cache(
+        qk: CubeTensor,
+        v: CubeTensor,
+        q_norm: CubeTensor,
+        k_norm: CubeTensor,
+        cos: CubeTensor,
+        sin: CubeTensor,
+        k_cache: CubeTensor,
+        v_cache: CubeTensor,
+        layout: ggml_kernels::QkRopeShape,
+        norm_eps: Option<f32>,
+        neox: bool,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let inputs = [qk, v, q_norm, k_norm, cos, sin];
+        for t in &inputs {
+            assert_eq!(t.dtype, DType::F32, "ggml_qk_rope_cache takes f32 tensors");
+        }
+        let [qk, v, q_norm, k_norm, cos, sin] = inputs.map(burn_cubecl::kernel::into_contiguous);
+        let [k_cache, v_cache] = [k_cache, v_cache].map(owned);
+        let q = empty_f32(
+            &qk,
+            Shape::new([layout.n, layout.n_head, layout.head_dim]),
+        );
+        let client = qk.client.clone();
+        ggml_kernels::launch_qk_rope_cache(
+            &client,
+            qk.into_buffer_arg(),
+            v.into_buffer_arg(),
+            q_norm.into_buffer_arg(),
+            k_norm.into_buffer_arg(),
+            cos.into_buffer_arg(),
+            sin.into_buffer_arg(),
+            q.clone().into_buffer_arg(),
+            k_cache.clone().into_buffer_arg(),
+            v_cache.clone().into_buffer_arg(),
+            layout,
+            norm_eps,
+            neox,
+        )
+        .unwrap_or_else(|e| panic!("ggml_qk_rope_cache: {e}"));
+        (q, k_cache, v_cache)
+    }
+
+    fn ggml_attention(
+        q: CubeTensor,
+        k_cache: CubeTensor,
+        v_cache: CubeTensor,
+        layout: ggml_kernels::AttentionShape,
+        scale: f32,
+    ) -> CubeTensor {
+        let [q, k_cache, v_cache] =
+            [q, k_cache, v_cache].map(burn_cubecl::kernel::into_contiguous);
+        let out = empty_f32(&q, Shape::new([layout.n, layout.n_head * layout.head_dim]));
+        let client = q.client.clone();
+        ggml_kernels::launch_attention(
+            &client,
+            q.into_buffer_arg(),
+            k_cache.into_buffer_arg(),
+            v_cache.into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            layout,
+            scale,
+        )
+        .unwrap_or_else(|e| panic!("ggml_attention: {e}"));
+        out
     }
 }

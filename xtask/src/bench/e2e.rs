@@ -19,16 +19,8 @@ const SHORT_PROMPT: &str = "Once upon a time";
 /// The end-to-end measurement as JSON; `{"skipped": reason}` when there is no model or it fails
 /// (the kernel benchmarks still run).
 pub(super) fn end_to_end(opts: &super::Options) -> Value {
-    let path = match &opts.model {
-        Some(p) => p.clone(),
-        None => {
-            let Some(known) = burn_gguf_cli::fetch::known_model("gemma3-270m") else {
-                return json!({"skipped": "no known gemma3-270m model"});
-            };
-            burn_gguf_cli::fetch::cache_dir()
-                .join("models")
-                .join(known.file_name)
-        }
+    let Some(path) = model_path(opts) else {
+        return json!({"skipped": "no known gemma3-270m model"});
     };
     if !path.is_file() {
         let why = format!(
@@ -43,6 +35,18 @@ pub(super) fn end_to_end(opts: &super::Options) -> Value {
         Err(e) => {
             println!("end to end: failed: {e}\n");
             json!({"skipped": format!("failed: {e}"), "model": path.display().to_string()})
+        }
+    }
+}
+
+/// The model of the end-to-end and decode measurements: `--model`, else Gemma 3 270M in the
+/// model cache (which may not exist yet).
+pub(super) fn model_path(opts: &super::Options) -> Option<PathBuf> {
+    match &opts.model {
+        Some(p) => Some(p.clone()),
+        None => {
+            let known = burn_gguf_cli::fetch::known_model("gemma3-270m")?;
+            Some(burn_gguf_cli::fetch::cache_dir().join("models").join(known.file_name))
         }
     }
 }

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use burn_gguf_models::{
-    CausalLm, ChatTemplate, Decoder, GgufTokenizer, Sampler, SamplerConfig, generate::next_token,
+    CausalLm, ChatTemplate, Decoder, GgufTokenizer, Sampler, SamplerConfig, SequenceState,
+    generate::next_token,
 };
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::UnboundedSender;
@@ -165,12 +166,12 @@ fn worker(
         if active.is_empty() {
             running.store(0, Ordering::SeqCst);
             match jobs.recv() {
-                Ok(job) => active.push_back(new_sequence(model, job)),
+                Ok(job) => active.push_back(new_sequence(job)),
                 Err(_) => return,
             }
         }
         while let Ok(job) = jobs.try_recv() {
-            active.push_back(new_sequence(model, job));
+            active.push_back(new_sequence(job));
         }
         running.store(active.len(), Ordering::SeqCst);
         for _ in 0..active.len() {
@@ -194,9 +195,11 @@ fn worker(
     }
 }
 
-fn new_sequence(model: &Decoder, job: Job) -> Sequence {
+fn new_sequence(job: Job) -> Sequence {
+    // The whole answer's KV cache at once: it never grows (reallocates) mid-answer.
+    let positions = job.prompt_ids.len() + job.max_tokens;
     Sequence {
-        cache: model.new_cache(),
+        cache: SequenceState::with_capacity(positions),
         sampler: Sampler::new(job.sampler.clone()),
         generated: Vec::new(),
         text: String::new(),

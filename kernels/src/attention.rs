@@ -1,0 +1,633 @@
+//! Attention over a per-layer KV cache that lives on the device, in three kernels:
+//!
+//! - [`qk_rope_cache`]: the step between the Q/K/V projections and attention, one launch
+//!   (llama.cpp's `rms_norm` + `mul` of Q and K, `rope_ext` of both, and the `set_rows` copies of
+//!   K and V into the cache, fused): optional per-head RMSNorm of Q and K, RoPE from a table of
+//!   angles that lives on the device, Q to its own buffer, K and V written into the cache at
+//!   their positions.
+//! - [`attention`]: grouped-query attention of 1..n query rows over the cached keys and values,
+//!   causal, with an optional sliding window. One cube per (query row, head, split of the key
+//!   axis); the scores of a split live in workgroup shared memory, so the softmax is exact
+//!   within a split, and the splits are merged with the online-softmax rule (llama.cpp's
+//!   flash-attention decode: `flash_attn_ext` with `split_k`, then its reduce step).
+//! - [`attention_combine`]: that merge, when the keys needed more than one split.
+//!
+//! The cache of one layer is `[n_head_kv, capacity, head_dim]` f32 (Burn order), position `p`
+//! of KV head `g` at `(g * capacity + p) * head_dim`.
+use crate::KernelError;
+use cubecl::client::Client;
+use cubecl::prelude::*;
+
+/// Keys one cube of [`attention`] scores: the length of its shared scores array. Keys past it
+/// go to further cubes, merged by [`attention_combine`].
+pub const ATTENTION_SPLIT: u32 = 256;
+/// Units in one cube of [`attention`].
+pub const ATTENTION_UNITS: u32 = 64;
+
+/// One unit per head row of one token: `n * (n_head + 2 * n_head_kv)` units. Row `j` of token
+/// `t` is query head `j` (`j < n_head`), key head `j - n_head`, or value head
+/// `j - n_head - n_head_kv`.
+///
+/// - `qk` `[n, qk_stride]`: query heads at columns `0..n_head * 2 * half`, key heads from
+///   column `k_off`; `v` `[n, v_stride]`: value heads from column `v_off` (`qk` and `v` may be
+///   the same buffer: one projection of Q, K and V together).
+/// - With `norm`, query and key heads are RMS-normalised with `q_norm` / `k_norm`
+///   (`[2 * half]` each): `x * (1 / sqrt(mean(x^2) + eps)) * w`, ggml's order.
+/// - RoPE of position `past + t` from `cos` / `sin` (`[positions, half]`: row `p` holds the
+///   angles of position `p`); `neox` pairs `(i, i + half)`, otherwise `(2i, 2i + 1)`.
+/// - Queries go to `q_out` `[n, n_head, 2 * half]`; keys and values to `k_cache` /
+///   `v_cache` `[n_head_kv, capacity, 2 * half]` at position `past + t`.
+#[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
+pub fn qk_rope_cache(
+    qk: &[f32],
+    v: &[f32],
+    q_norm: &[f32],
+    k_norm: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    q_out: &mut [f32],
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    n: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    half: u32,
+    qk_stride: u32,
+    k_off: u32,
+    v_stride: u32,
+    v_off: u32,
+    past: u32,
+    capacity: u32,
+    eps: f32,
+    #[comptime] norm: bool,
+    #[comptime] neox: bool,
+) {
+    let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
+    let row = cube * CUBE_DIM_X + UNIT_POS_X;
+    let per_token = n_head + 2 * n_head_kv;
+    if row < n * per_token {
+        let hd = 2 * half;
+        let t = row / per_token;
+        let j = row % per_token;
+        let pos = past + t;
+        if j >= n_head + n_head_kv {
+            // A value head: copied into the cache as it is.
+            let g = j - n_head - n_head_kv;
+            let src = t * v_stride + v_off + g * hd;
+            let dst = (g * capacity + pos) * hd;
+            for d in 0..hd {
+                v_cache[(dst + d) as usize] = v[(src + d) as usize];
+            }
+        } else {
+            let is_q = j < n_head;
+            let src = select(is_q, t * qk_stride + j * hd, t * qk_stride + k_off + (j - n_head) * hd);
+            let mut inv = 1.0f32;
+            if comptime!(norm) {
+                let mut sum = 0.0f32;
+                for d in 0..hd {
+                    let x = qk[(src + d) as usize];
+                    sum += x * x;
+                }
+                inv = 1.0f32 / f32::sqrt(sum / f32::cast_from(hd) + eps);
+            }
+            for i in 0..half {
+                let (a, b) = if comptime!(neox) {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let mut x1 = qk[(src + a) as usize];
+                let mut x2 = qk[(src + b) as usize];
+                if comptime!(norm) {
+                    let wa = select(is_q, q_norm[a as usize], k_norm[a as usize]);
+                    let wb = select(is_q, q_norm[b as usize], k_norm[b as usize]);
+                    x1 = x1 * inv * wa;
+                    x2 = x2 * inv * wb;
+                }
+                let c = cos[(pos * half + i) as usize];
+                let s = sin[(pos * half + i) as usize];
+                let y1 = x1 * c - x2 * s;
+                let y2 = x1 * s + x2 * c;
+                if is_q {
+                    let dst = (t * n_head + j) * hd;
+                    q_out[(dst + a) as usize] = y1;
+                    q_out[(dst + b) as usize] = y2;
+                } else {
+                    let dst = ((j - n_head) * capacity + pos) * hd;
+                    k_cache[(dst + a) as usize] = y1;
+                    k_cache[(dst + b) as usize] = y2;
+                }
+            }
+        }
+    }
+}
+
+/// One cube of [`ATTENTION_UNITS`] units per (query row `t`, head `h`, split `s`), cubes
+/// numbered `((t - t0) * n_head + h) * splits + s` (a launch covers query rows `t0..n`). Query `t` sits at position `p = past + t` and
+/// sees keys `j <= p` with `p - j < window` (`window == 0`: no window); query head `h` reads
+/// KV head `h / rep`. The cube scores keys `lo + s * split ..` (at most `split`) into shared
+/// memory with `scale * dot(q, k)`, takes their softmax and the weighted sum of the values.
+///
+/// With `direct` (one split covers every key) it writes `out` `[n, n_head, head_dim]`;
+/// otherwise the unnormalised sums to `part_acc` `[n - t0, n_head, splits, head_dim]` and the
+/// split's maximum score and sum of exponentials to `part_ml` `[n - t0, n_head, splits, 2]`
+/// (a split with no visible key has a sum of 0).
+#[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: &mut [f32],
+    part_acc: &mut [f32],
+    part_ml: &mut [f32],
+    n: u32,
+    n_head: u32,
+    rep: u32,
+    head_dim: u32,
+    capacity: u32,
+    past: u32,
+    window: u32,
+    lo: u32,
+    splits: u32,
+    t0: u32,
+    scale: f32,
+    #[comptime] split: u32,
+    #[comptime] direct: bool,
+) {
+    let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
+    let unit = UNIT_POS_X;
+    let units = CUBE_DIM_X;
+    let s = cube % splits;
+    // Row-head pair within this launch (partials are indexed by it), and overall.
+    let th = cube / splits;
+    let h = th % n_head;
+    let t = t0 + th / n_head;
+    // Whole cubes past the last query (cube counts are rounded up) do nothing; the condition is
+    // the same for every unit of a cube, so the barriers below stay uniform.
+    let live = t < n;
+    let p = past + t;
+    let k0 = lo + s * split;
+    // Visible keys of this split: [k_start, k_end).
+    let mut k_start = k0;
+    if window > 0 && p + 1 > window {
+        k_start = max(k0, p + 1 - window);
+    }
+    let k_end = min(k0 + split, p + 1);
+    let g = h / rep;
+    let q_base = (t * n_head + h) * head_dim;
+    let mut scores = Shared::<[f32]>::new_slice(comptime!(split as usize));
+
+    // Scores, one key per unit at a time.
+    let mut j = k_start + unit;
+    while live && j < k_end {
+        let k_base = (g * capacity + j) * head_dim;
+        let mut dot = 0.0f32;
+        for d in 0..head_dim {
+            dot += q[(q_base + d) as usize] * k_cache[(k_base + d) as usize];
+        }
+        scores[(j - k0) as usize] = dot * scale;
+        j += units;
+    }
+    sync_cube();
+    // The running maximum before any score: -f32::MAX, finite (WGSL has no infinity literals).
+    let mut m = f32::min_value();
+    let mut i = k_start;
+    while live && i < k_end {
+        let sc = scores[(i - k0) as usize];
+        m = select(sc > m, sc, m);
+        i += 1;
+    }
+    sync_cube();
+    let mut j = k_start + unit;
+    while live && j < k_end {
+        let at = (j - k0) as usize;
+        scores[at] = f32::exp(scores[at] - m);
+        j += units;
+    }
+    sync_cube();
+    let mut l = 0.0f32;
+    let mut i = k_start;
+    while live && i < k_end {
+        l += scores[(i - k0) as usize];
+        i += 1;
+    }
+    // The weighted sum of the values, one output dimension per unit at a time.
+    let mut d = unit;
+    while live && d < head_dim {
+        let mut acc = 0.0f32;
+        let mut i = k_start;
+        while i < k_end {
+            acc += scores[(i - k0) as usize] * v_cache[((g * capacity + i) * head_dim + d) as usize];
+            i += 1;
+        }
+        if comptime!(direct) {
+            out[(q_base + d) as usize] = acc / l;
+        } else {
+            part_acc[((th * splits + s) * head_dim + d) as usize] = acc;
+        }
+        d += units;
+    }
+    if comptime!(!direct) {
+        if live && unit == 0 {
+            let at = ((th * splits + s) * 2) as usize;
+            part_ml[at] = m;
+            part_ml[at + 1] = l;
+        }
+    }
+}
+
+/// Merges [`attention`]'s splits: one unit per output value `(th, d)` of `rows` row-head
+/// pairs, written to `out[out_off + th * head_dim + d]`: `sum_s e_s acc_s[d] / sum_s e_s l_s`
+/// with `e_s = exp(m_s - max_s m_s)` over the splits with a visible key (`l_s > 0`).
+#[cube(launch_unchecked, create_dummy_kernel)]
+pub fn attention_combine(
+    part_acc: &[f32],
+    part_ml: &[f32],
+    out: &mut [f32],
+    rows: u32,
+    head_dim: u32,
+    splits: u32,
+    out_off: u32,
+) {
+    let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
+    let at = cube * CUBE_DIM_X + UNIT_POS_X;
+    if at < rows * head_dim {
+        let th = at / head_dim;
+        let d = at % head_dim;
+        // The running maximum before any score: -f32::MAX, finite (WGSL has no infinity literals).
+    let mut m = f32::min_value();
+        for s in 0..splits {
+            let ml = ((th * splits + s) * 2) as usize;
+            if part_ml[ml + 1] > 0.0 {
+                let ms = part_ml[ml];
+                m = select(ms > m, ms, m);
+            }
+        }
+        let mut num = 0.0f32;
+        let mut den = 0.0f32;
+        for s in 0..splits {
+            let ml = ((th * splits + s) * 2) as usize;
+            let l = part_ml[ml + 1];
+            if l > 0.0 {
+                let e = f32::exp(part_ml[ml] - m);
+                num += e * part_acc[((th * splits + s) * head_dim + d) as usize];
+                den += e * l;
+            }
+        }
+        out[(out_off + at) as usize] = num / den;
+    }
+}
+
+/// Shapes of one [`launch_qk_rope_cache`] call. Heads are `head_dim` f32 values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QkRopeShape {
+    /// Tokens (rows of the projections).
+    pub n: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Values per head (even).
+    pub head_dim: usize,
+    /// Row stride of the Q/K projection buffer, in values.
+    pub qk_stride: usize,
+    /// Column of the first key head in the Q/K buffer (query heads start at 0).
+    pub k_off: usize,
+    /// Row stride of the V projection buffer.
+    pub v_stride: usize,
+    /// Column of the first value head in the V buffer.
+    pub v_off: usize,
+    /// Position of the first token (tokens already cached).
+    pub past: usize,
+    /// Positions the cache holds: its second dimension.
+    pub capacity: usize,
+}
+
+/// Normalises (with `norm`: `q_norm`, `k_norm` `[head_dim]`, `eps`), rotates and stores one
+/// step's heads, [`qk_rope_cache`]: queries of `qk` to `q_out` `[n, n_head, head_dim]`, keys
+/// of `qk` and values of `v` into `k_cache` / `v_cache` `[n_head_kv, capacity, head_dim]` at
+/// positions `past..past + n`. `cos` / `sin`: `[positions, head_dim / 2]` f32, at least
+/// `past + n` positions. Without `norm`, `q_norm` and `k_norm` are not read.
+///
+/// # Errors
+/// An odd `head_dim`, heads that do not fit their strides, positions past `capacity` or the
+/// tables, a buffer shorter than the shapes, or index arithmetic past `u32`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_qk_rope_cache(
+    client: &Client,
+    qk: BufferArg,
+    v: BufferArg,
+    q_norm: BufferArg,
+    k_norm: BufferArg,
+    cos: BufferArg,
+    sin: BufferArg,
+    q_out: BufferArg,
+    k_cache: BufferArg,
+    v_cache: BufferArg,
+    s: QkRopeShape,
+    norm: Option<f32>,
+    neox: bool,
+) -> Result<(), KernelError> {
+    const OP: &str = "qk_rope_cache";
+    let hd = s.head_dim;
+    let end = s.past.checked_add(s.n);
+    let need = |a: usize, b: usize| a.checked_mul(b);
+    let q_len = need(s.n, s.n_head).and_then(|v| need(v, hd));
+    let cache_len = need(s.n_head_kv, s.capacity).and_then(|v| need(v, hd));
+    let table_len = end.and_then(|e| need(e, hd / 2));
+    let qk_cols = need(s.n_head, hd).and_then(|q| s.k_off.checked_add(need(s.n_head_kv, hd)?).map(|k| k.max(q)));
+    let v_cols = need(s.n_head_kv, hd).and_then(|v| v.checked_add(s.v_off));
+    let (Some(end), Some(q_len), Some(cache_len), Some(table_len), Some(qk_cols), Some(v_cols)) =
+        (end, q_len, cache_len, table_len, qk_cols, v_cols)
+    else {
+        return Err(crate::shape_err(OP, format!("{s:?}: sizes overflow")));
+    };
+    let fits_u32 = [q_len, cache_len, table_len, s.n * s.qk_stride, s.n * s.v_stride]
+        .iter()
+        .all(|&v| v <= u32::MAX as usize);
+    if hd == 0 || !hd.is_multiple_of(2) || qk_cols > s.qk_stride || v_cols > s.v_stride || !fits_u32 {
+        return Err(crate::shape_err(
+            OP,
+            format!("{s:?}: heads do not fit their strides, or head_dim is odd"),
+        ));
+    }
+    if end > s.capacity {
+        return Err(crate::shape_err(
+            OP,
+            format!("positions up to {end} do not fit a cache of {}", s.capacity),
+        ));
+    }
+    let norm_len = if norm.is_some() { hd } else { 0 };
+    if qk.len() < s.n * s.qk_stride
+        || v.len() < s.n * s.v_stride
+        || q_out.len() < q_len
+        || k_cache.len() < cache_len
+        || v_cache.len() < cache_len
+        || cos.len() < table_len
+        || sin.len() < table_len
+        || q_norm.len() < norm_len
+        || k_norm.len() < norm_len
+    {
+        return Err(crate::shape_err(
+            OP,
+            format!(
+                "{s:?}: buffers of qk {}, v {}, q_out {}, caches {}/{}, tables {}/{}, norms \
+                 {}/{} values are too short",
+                qk.len(),
+                v.len(),
+                q_out.len(),
+                k_cache.len(),
+                v_cache.len(),
+                cos.len(),
+                sin.len(),
+                q_norm.len(),
+                k_norm.len()
+            ),
+        ));
+    }
+    let units = s.n * (s.n_head + 2 * s.n_head_kv);
+    if units == 0 {
+        return Ok(());
+    }
+    let units = u32::try_from(units)
+        .map_err(|_| crate::shape_err(OP, format!("{units} head rows: too many")))?;
+    let per_cube = 64u32;
+    // SAFETY: units past the last head row do nothing; every index is below the lengths
+    // checked above (query heads below q_len, cache rows below capacity, table rows below
+    // past + n, projection columns below their strides, norm weights below head_dim).
+    unsafe {
+        qk_rope_cache::launch_unchecked(
+            client,
+            crate::cube_count_for(units.div_ceil(per_cube)),
+            CubeDim::new_1d(per_cube),
+            qk,
+            v,
+            q_norm,
+            k_norm,
+            cos,
+            sin,
+            q_out,
+            k_cache,
+            v_cache,
+            s.n as u32,
+            s.n_head as u32,
+            s.n_head_kv as u32,
+            (hd / 2) as u32,
+            s.qk_stride as u32,
+            s.k_off as u32,
+            s.v_stride as u32,
+            s.v_off as u32,
+            s.past as u32,
+            s.capacity as u32,
+            norm.unwrap_or(0.0),
+            norm.is_some(),
+            neox,
+        )
+    };
+    Ok(())
+}
+
+/// Shapes of one [`launch_attention`] call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Query rows, at positions `past..past + n`.
+    pub n: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (divides `n_head`).
+    pub n_head_kv: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Positions the cache holds: its second dimension.
+    pub capacity: usize,
+    /// Tokens cached before the first query row.
+    pub past: usize,
+    /// Sliding window: a query at `p` sees keys `j` with `p - j < window` (`None`: all).
+    pub window: Option<usize>,
+}
+
+/// Most f32 values of split partials one [`launch_attention`] allocates at a time: longer
+/// prompts run in chunks of query rows.
+const ATTENTION_SCRATCH_VALUES: usize = 8 << 20;
+
+/// Causal grouped-query attention of `q` `[n, n_head, head_dim]` over keys and values
+/// `[n_head_kv, capacity, head_dim]` (positions `0..past + n` filled), into `out`
+/// `[n, n_head, head_dim]`: softmax of `scale * q k^T` over the visible keys, times `v`
+/// ([`attention`], and [`attention_combine`] when the visible keys span more than
+/// [`ATTENTION_SPLIT`]). All f32.
+///
+/// # Errors
+/// `n_head` not a multiple of `n_head_kv`, positions past the capacity, a window of 0, buffers
+/// shorter than the shapes, or index arithmetic past `u32`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_attention(
+    client: &Client,
+    q: BufferArg,
+    k_cache: BufferArg,
+    v_cache: BufferArg,
+    out: BufferArg,
+    s: AttentionShape,
+    scale: f32,
+) -> Result<(), KernelError> {
+    const OP: &str = "attention";
+    let hd = s.head_dim;
+    let end = s.past.checked_add(s.n);
+    let q_len = s.n.checked_mul(s.n_head).and_then(|v| v.checked_mul(hd));
+    let cache_len = s.n_head_kv.checked_mul(s.capacity).and_then(|v| v.checked_mul(hd));
+    let (Some(end), Some(q_len), Some(cache_len)) = (end, q_len, cache_len) else {
+        return Err(crate::shape_err(OP, format!("{s:?}: sizes overflow")));
+    };
+    if s.n_head_kv == 0
+        || hd == 0
+        || !s.n_head.is_multiple_of(s.n_head_kv)
+        || s.window == Some(0)
+        || end > s.capacity
+        || q_len.max(cache_len) > u32::MAX as usize
+    {
+        return Err(crate::shape_err(
+            OP,
+            format!("{s:?}: heads, window or positions that do not fit"),
+        ));
+    }
+    if q.len() < q_len || out.len() < q_len || k_cache.len() < cache_len || v_cache.len() < cache_len
+    {
+        return Err(crate::shape_err(
+            OP,
+            format!(
+                "{s:?}: q {}, out {}, caches {}/{} values are too short",
+                q.len(),
+                out.len(),
+                k_cache.len(),
+                v_cache.len()
+            ),
+        ));
+    }
+    if s.n == 0 || s.n_head == 0 {
+        return Ok(());
+    }
+    // Keys any query row sees: from the first row's window start to the last row.
+    let lo = s.window.map_or(0, |w| (s.past + 1).saturating_sub(w));
+    let splits = (end - lo).div_ceil(ATTENTION_SPLIT as usize);
+    let rep = (s.n_head / s.n_head_kv) as u32;
+    let window = s.window.map_or(0, |w| w.min(u32::MAX as usize) as u32);
+    let dim = CubeDim::new_1d(ATTENTION_UNITS);
+    let args = |t: usize| {
+        (
+            s.n as u32,
+            s.n_head as u32,
+            rep,
+            hd as u32,
+            s.capacity as u32,
+            s.past as u32,
+            window,
+            lo as u32,
+            splits as u32,
+            t as u32,
+        )
+    };
+    if splits == 1 {
+        let cubes = u32::try_from(s.n * s.n_head)
+            .map_err(|_| crate::shape_err(OP, format!("{s:?}: too many query heads")))?;
+        let (n, nh, rep, hd, cap, past, window, lo, splits, t0) = args(0);
+        // SAFETY: one-value placeholders for the partials, which a direct launch never touches.
+        let none = || unsafe { BufferArg::from_raw_parts(client.empty(4), 1) };
+        // SAFETY: cubes past the last query row do nothing; q and out are read and written
+        // below n * n_head * head_dim, the caches below n_head_kv * capacity * head_dim (keys
+        // up to past + n <= capacity), the shared scores below ATTENTION_SPLIT (one split).
+        unsafe {
+            attention::launch_unchecked(
+                client,
+                crate::cube_count_for(cubes),
+                dim,
+                q,
+                k_cache,
+                v_cache,
+                out,
+                none(),
+                none(),
+                n,
+                nh,
+                rep,
+                hd,
+                cap,
+                past,
+                window,
+                lo,
+                splits,
+                t0,
+                scale,
+                ATTENTION_SPLIT,
+                true,
+            )
+        };
+        return Ok(());
+    }
+    // Query rows per launch, so the partials stay within ATTENTION_SCRATCH_VALUES.
+    let per_row = s.n_head * splits * hd;
+    let rows = (ATTENTION_SCRATCH_VALUES / per_row).clamp(1, s.n);
+    let (acc_len, ml_len) = (rows * per_row, rows * s.n_head * splits * 2);
+    let acc = client.empty(acc_len * 4);
+    let ml = client.empty(ml_len * 4);
+    let [q, k_cache, v_cache, out] = [q, k_cache, v_cache, out].map(|a| {
+        let len = a.len();
+        match a {
+            BufferArg::Handle { handle } => Ok((handle.handle, len)),
+            BufferArg::Alias { .. } => Err(crate::shape_err(OP, "aliased buffer".into())),
+        }
+    });
+    let (q, k_cache, v_cache, out) = (q?, k_cache?, v_cache?, out?);
+    // SAFETY (both): the same buffers with the lengths they were given.
+    let arg = |(b, len): &(cubecl::server::BufferBinding, usize)| unsafe {
+        BufferArg::from_raw_parts_binding(b.clone(), *len)
+    };
+    for t0 in (0..s.n).step_by(rows) {
+        let chunk = rows.min(s.n - t0);
+        let cubes = u32::try_from(chunk * s.n_head * splits)
+            .map_err(|_| crate::shape_err(OP, format!("{s:?}: too many splits")))?;
+        let (n, nh, rep, hd_u, cap, past, window, lo, splits_u, t0_u) = args(t0);
+        let n = n.min((t0 + chunk) as u32);
+        // SAFETY: as above for q, out and the caches; the partials are written below
+        // chunk * n_head * splits * (head_dim | 2) values, within `acc` and `ml`.
+        unsafe {
+            attention::launch_unchecked(
+                client,
+                crate::cube_count_for(cubes),
+                dim,
+                arg(&q),
+                arg(&k_cache),
+                arg(&v_cache),
+                arg(&out),
+                BufferArg::from_raw_parts(acc.clone(), acc_len),
+                BufferArg::from_raw_parts(ml.clone(), ml_len),
+                n,
+                nh,
+                rep,
+                hd_u,
+                cap,
+                past,
+                window,
+                lo,
+                splits_u,
+                t0_u,
+                scale,
+                ATTENTION_SPLIT,
+                false,
+            );
+            attention_combine::launch_unchecked(
+                client,
+                crate::cube_count_for(((chunk * s.n_head * hd) as u32).div_ceil(64)),
+                CubeDim::new_1d(64),
+                BufferArg::from_raw_parts(acc.clone(), acc_len),
+                BufferArg::from_raw_parts(ml.clone(), ml_len),
+                arg(&out),
+                (chunk * s.n_head) as u32,
+                hd as u32,
+                splits_u,
+                (t0 * s.n_head * hd) as u32,
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! The KV-cache step and attention kernels against float64 references: one
+//! [`AttentionCase`] runs [`crate::launch_qk_rope_cache`] then [`crate::launch_attention`] on
+//! random heads over a cache partly filled by "earlier tokens", and compares the queries, the
+//! written and the untouched cache positions, and the attention output.
+use super::{rand_f32, read_f32};
+use crate::{AttentionShape, KernelError, QkRopeShape, launch_attention, launch_qk_rope_cache};
+use cubecl::client::Client;
+use cubecl::prelude::*;
+
+/// Tolerance of the attention checks: `|y - y_ref| <= ATTENTION_TOL * max(1, |y_ref|)` for
+/// the normalised, rotated heads, and `<= ATTENTION_TOL * max |v|` for attention outputs.
+pub const ATTENTION_TOL: f64 = 1e-5;
+
+/// One attention check: `n` query rows at positions `past..past + n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionCase {
+    /// Query rows (tokens of this step).
+    pub n: usize,
+    /// Tokens already in the cache.
+    pub past: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads.
+    pub n_head_kv: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Sliding window, if any.
+    pub window: Option<usize>,
+    /// Per-head RMSNorm of Q and K.
+    pub norm: bool,
+    /// NEOX pairing (else NORM).
+    pub neox: bool,
+}
+
+impl AttentionCase {
+    /// A short label for tables.
+    pub fn label(&self) -> String {
+        format!(
+            "n={} past={} heads={}/{} d={} window={} {}{}",
+            self.n,
+            self.past,
+            self.n_head,
+            self.n_head_kv,
+            self.head_dim,
+            self.window.map_or("-".into(), |w| w.to_string()),
+            if self.neox { "neox" } else { "norm" },
+            if self.norm { "+qk-norm" } else { "" }
+        )
+    }
+}
+
+/// The cases `cargo xtask kernel-test --op attention` runs and the tests sample: 1 and 8
+/// query rows (and a 37-row prefill), GQA ratios 1, 2 and 8, contexts shorter than one split,
+/// not a multiple of it and several splits long ([`crate::attention::ATTENTION_SPLIT`]),
+/// windows shorter and longer than the context, both RoPE pairings, with and without Q/K norm.
+pub fn attention_cases() -> Vec<AttentionCase> {
+    let case = |n, past, n_head, n_head_kv, head_dim, window, norm, neox| AttentionCase {
+        n,
+        past,
+        n_head,
+        n_head_kv,
+        head_dim,
+        window,
+        norm,
+        neox,
+    };
+    vec![
+        case(1, 0, 2, 2, 8, None, false, true),
+        case(1, 9, 4, 2, 16, None, true, true),
+        case(8, 5, 8, 1, 32, None, true, false),
+        case(1, 300, 4, 4, 64, None, false, true),
+        case(8, 292, 8, 1, 64, None, true, true),
+        case(3, 600, 2, 1, 24, None, false, false),
+        case(1, 299, 4, 2, 32, Some(100), true, true),
+        case(8, 41, 4, 1, 16, Some(16), true, true),
+        case(8, 20, 4, 1, 16, Some(512), true, true),
+        case(1, 700, 2, 1, 32, Some(512), false, true),
+        case(37, 3, 4, 2, 16, Some(20), true, true),
+    ]
+}
+
+/// Runs `case` on `client` and returns the worst error as a fraction of its bound
+/// ([`ATTENTION_TOL`]; <= 1 passes; NaN is infinite), over the rotated queries, the cache
+/// (written positions against the reference, every other position unchanged) and the
+/// attention output.
+///
+/// # Errors
+/// Launch errors (shapes) or a failed read-back.
+pub fn attention_error(client: &Client, case: AttentionCase, seed: u64) -> Result<f64, KernelError> {
+    let AttentionCase {
+        n,
+        past,
+        n_head: nh,
+        n_head_kv: nkv,
+        head_dim: hd,
+        window,
+        norm,
+        neox,
+    } = case;
+    let half = hd / 2;
+    let capacity = past + n + 3;
+    let positions = past + n;
+    // One stacked projection: [q heads | k heads | v heads] per token.
+    let stride = (nh + 2 * nkv) * hd;
+    let qkv: Vec<f32> = rand_f32(n * stride, seed).iter().map(|v| v * 3.0).collect();
+    let q_norm: Vec<f32> = rand_f32(hd, seed + 1).iter().map(|v| 1.0 + v).collect();
+    let k_norm: Vec<f32> = rand_f32(hd, seed + 2).iter().map(|v| 1.0 + v).collect();
+    let mut cos = Vec::with_capacity(positions * half);
+    let mut sin = Vec::with_capacity(positions * half);
+    for p in 0..positions {
+        for i in 0..half {
+            let a = p as f64 * 10_000f64.powf(-2.0 * i as f64 / hd as f64);
+            cos.push(a.cos() as f32);
+            sin.push(a.sin() as f32);
+        }
+    }
+    let k_init = rand_f32(nkv * capacity * hd, seed + 3);
+    let v_init = rand_f32(nkv * capacity * hd, seed + 4);
+
+    let up = |v: &[f32]| client.create_from_slice(f32::as_bytes(v));
+    let (qkv_h, qn_h, kn_h, cos_h, sin_h) =
+        (up(&qkv), up(&q_norm), up(&k_norm), up(&cos), up(&sin));
+    let (k_h, v_h) = (up(&k_init), up(&v_init));
+    let q_h = client.empty(n * nh * hd * 4);
+    let out_h = client.empty(n * nh * hd * 4);
+    // SAFETY: each length is that of the buffer it names.
+    let arg = |h: &cubecl::server::Handle, len: usize| unsafe {
+        BufferArg::from_raw_parts(h.clone(), len)
+    };
+    launch_qk_rope_cache(
+        client,
+        arg(&qkv_h, qkv.len()),
+        arg(&qkv_h, qkv.len()),
+        arg(&qn_h, hd),
+        arg(&kn_h, hd),
+        arg(&cos_h, cos.len()),
+        arg(&sin_h, sin.len()),
+        arg(&q_h, n * nh * hd),
+        arg(&k_h, k_init.len()),
+        arg(&v_h, v_init.len()),
+        QkRopeShape {
+            n,
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            qk_stride: stride,
+            k_off: nh * hd,
+            v_stride: stride,
+            v_off: (nh + nkv) * hd,
+            past,
+            capacity,
+        },
+        norm.then_some(1e-6),
+        neox,
+    )?;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let shape = AttentionShape {
+        n,
+        n_head: nh,
+        n_head_kv: nkv,
+        head_dim: hd,
+        capacity,
+        past,
+        window,
+    };
+    launch_attention(
+        client,
+        arg(&q_h, n * nh * hd),
+        arg(&k_h, k_init.len()),
+        arg(&v_h, v_init.len()),
+        arg(&out_h, n * nh * hd),
+        shape,
+        scale,
+    )?;
+    let q_out = read_f32(client, q_h)?;
+    let k_cache = read_f32(client, k_h)?;
+    let v_cache = read_f32(client, v_h)?;
+    let out = read_f32(client, out_h)?;
+
+    let mut worst = 0f64;
+    let mut note = |got: f32, want: f64, bound: f64| {
+        let e = (got as f64 - want).abs() / (ATTENTION_TOL * bound);
+        worst = if e.is_nan() { f64::INFINITY } else { worst.max(e) };
+    };
+    // Q and K: normalised and rotated in f64.
+    let rotate = |src: &[f32], w: &[f32], pos: usize| -> Vec<f64> {
+        let inv = if norm {
+            let ss: f64 = src.iter().map(|&x| x as f64 * x as f64).sum();
+            1.0 / (ss / hd as f64 + 1e-6).sqrt()
+        } else {
+            1.0
+        };
+        let x: Vec<f64> = (0..hd)
+            .map(|d| src[d] as f64 * if norm { inv * w[d] as f64 } else { 1.0 })
+            .collect();
+        let mut y = vec![0f64; hd];
+        for i in 0..half {
+            let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+            let (c, s) = (cos[pos * half + i] as f64, sin[pos * half + i] as f64);
+            y[a] = x[a] * c - x[b] * s;
+            y[b] = x[a] * s + x[b] * c;
+        }
+        y
+    };
+    for t in 0..n {
+        let row = &qkv[t * stride..(t + 1) * stride];
+        for h in 0..nh {
+            let want = rotate(&row[h * hd..(h + 1) * hd], &q_norm, past + t);
+            for d in 0..hd {
+                note(q_out[(t * nh + h) * hd + d], want[d], want[d].abs().max(1.0));
+            }
+        }
+        for g in 0..nkv {
+            let k = rotate(&row[(nh + g) * hd..(nh + g + 1) * hd], &k_norm, past + t);
+            let v = &row[(nh + nkv + g) * hd..(nh + nkv + g + 1) * hd];
+            for d in 0..hd {
+                let at = (g * capacity + past + t) * hd + d;
+                note(k_cache[at], k[d], k[d].abs().max(1.0));
+                note(v_cache[at], v[d] as f64, 1.0);
+            }
+        }
+    }
+    // Positions outside past..past + n keep what they held, bit for bit.
+    let mut changed = false;
+    for g in 0..nkv {
+        for p in (0..past).chain(past + n..capacity) {
+            for d in 0..hd {
+                let at = (g * capacity + p) * hd + d;
+                if k_cache[at].to_bits() != k_init[at].to_bits()
+                    || v_cache[at].to_bits() != v_init[at].to_bits()
+                {
+                    changed = true;
+                }
+            }
+        }
+    }
+    // Attention over the cache as the kernel left it.
+    let v_max = v_cache.iter().fold(0f64, |m, v| m.max(v.abs() as f64)).max(1e-30);
+    let rep = nh / nkv;
+    for t in 0..n {
+        let p = past + t;
+        let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
+        for h in 0..nh {
+            let g = h / rep;
+            let q = &q_out[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+            let scores: Vec<f64> = (first..=p)
+                .map(|j| {
+                    let k = &k_cache[(g * capacity + j) * hd..(g * capacity + j + 1) * hd];
+                    let dot: f64 = q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    dot * scale as f64
+                })
+                .collect();
+            let m = scores.iter().fold(f64::MIN, |a, &b| a.max(b));
+            let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let l: f64 = e.iter().sum();
+            for d in 0..hd {
+                let want: f64 = (first..=p)
+                    .zip(&e)
+                    .map(|(j, w)| w * v_cache[(g * capacity + j) * hd + d] as f64)
+                    .sum::<f64>()
+                    / l;
+                note(out[(t * nh + h) * hd + d], want, v_max);
+            }
+        }
+    }
+    Ok(if changed { f64::INFINITY } else { worst })
+}
