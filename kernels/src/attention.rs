@@ -81,7 +81,11 @@ pub fn qk_rope_cache(
             }
         } else {
             let is_q = j < n_head;
-            let src = select(is_q, t * qk_stride + j * hd, t * qk_stride + k_off + (j - n_head) * hd);
+            let src = select(
+                is_q,
+                t * qk_stride + j * hd,
+                t * qk_stride + k_off + (j - n_head) * hd,
+            );
             let mut inv = 1.0f32;
             if comptime!(norm) {
                 let mut sum = 0.0f32;
@@ -219,7 +223,8 @@ pub fn attention(
         let mut acc = 0.0f32;
         let mut i = k_start;
         while i < k_end {
-            acc += scores[(i - k0) as usize] * v_cache[((g * capacity + i) * head_dim + d) as usize];
+            acc +=
+                scores[(i - k0) as usize] * v_cache[((g * capacity + i) * head_dim + d) as usize];
             i += 1;
         }
         if comptime!(direct) {
@@ -257,7 +262,7 @@ pub fn attention_combine(
         let th = at / head_dim;
         let d = at % head_dim;
         // The running maximum before any score: -f32::MAX, finite (WGSL has no infinity literals).
-    let mut m = f32::min_value();
+        let mut m = f32::min_value();
         for s in 0..splits {
             let ml = ((th * splits + s) * 2) as usize;
             if part_ml[ml + 1] > 0.0 {
@@ -337,17 +342,28 @@ pub fn launch_qk_rope_cache(
     let q_len = need(s.n, s.n_head).and_then(|v| need(v, hd));
     let cache_len = need(s.n_head_kv, s.capacity).and_then(|v| need(v, hd));
     let table_len = end.and_then(|e| need(e, hd / 2));
-    let qk_cols = need(s.n_head, hd).and_then(|q| s.k_off.checked_add(need(s.n_head_kv, hd)?).map(|k| k.max(q)));
+    let qk_cols = need(s.n_head, hd).and_then(|q| {
+        s.k_off
+            .checked_add(need(s.n_head_kv, hd)?)
+            .map(|k| k.max(q))
+    });
     let v_cols = need(s.n_head_kv, hd).and_then(|v| v.checked_add(s.v_off));
     let (Some(end), Some(q_len), Some(cache_len), Some(table_len), Some(qk_cols), Some(v_cols)) =
         (end, q_len, cache_len, table_len, qk_cols, v_cols)
     else {
         return Err(crate::shape_err(OP, format!("{s:?}: sizes overflow")));
     };
-    let fits_u32 = [q_len, cache_len, table_len, s.n * s.qk_stride, s.n * s.v_stride]
-        .iter()
-        .all(|&v| v <= u32::MAX as usize);
-    if hd == 0 || !hd.is_multiple_of(2) || qk_cols > s.qk_stride || v_cols > s.v_stride || !fits_u32 {
+    let fits_u32 = [
+        q_len,
+        cache_len,
+        table_len,
+        s.n * s.qk_stride,
+        s.n * s.v_stride,
+    ]
+    .iter()
+    .all(|&v| v <= u32::MAX as usize);
+    if hd == 0 || !hd.is_multiple_of(2) || qk_cols > s.qk_stride || v_cols > s.v_stride || !fits_u32
+    {
         return Err(crate::shape_err(
             OP,
             format!("{s:?}: heads do not fit their strides, or head_dim is odd"),
@@ -475,7 +491,10 @@ pub fn launch_attention(
     let hd = s.head_dim;
     let end = s.past.checked_add(s.n);
     let q_len = s.n.checked_mul(s.n_head).and_then(|v| v.checked_mul(hd));
-    let cache_len = s.n_head_kv.checked_mul(s.capacity).and_then(|v| v.checked_mul(hd));
+    let cache_len = s
+        .n_head_kv
+        .checked_mul(s.capacity)
+        .and_then(|v| v.checked_mul(hd));
     let (Some(end), Some(q_len), Some(cache_len)) = (end, q_len, cache_len) else {
         return Err(crate::shape_err(OP, format!("{s:?}: sizes overflow")));
     };
@@ -491,7 +510,10 @@ pub fn launch_attention(
             format!("{s:?}: heads, window or positions that do not fit"),
         ));
     }
-    if q.len() < q_len || out.len() < q_len || k_cache.len() < cache_len || v_cache.len() < cache_len
+    if q.len() < q_len
+        || out.len() < q_len
+        || k_cache.len() < cache_len
+        || v_cache.len() < cache_len
     {
         return Err(crate::shape_err(
             OP,

@@ -242,7 +242,11 @@ impl Qkv {
         if let Some(qk) = loader.stacked_linear(&[q, k])? {
             return Ok(Self::StackedQk(qk, loader.linear(v)?));
         }
-        Ok(Self::Each([loader.linear(q)?, loader.linear(k)?, loader.linear(v)?]))
+        Ok(Self::Each([
+            loader.linear(q)?,
+            loader.linear(k)?,
+            loader.linear(v)?,
+        ]))
     }
 
     /// The projections of `h` `[n, n_embd]`: `(qk, v, layout)` with the query heads at
@@ -268,7 +272,9 @@ impl Qkv {
                 let y = w.forward(h);
                 (y.clone(), y, layout(q + 2 * kv, q + 2 * kv, q + kv))
             }
-            Self::StackedQk(wqk, wv) => (wqk.forward(h.clone()), wv.forward(h), layout(q + kv, kv, 0)),
+            Self::StackedQk(wqk, wv) => {
+                (wqk.forward(h.clone()), wv.forward(h), layout(q + kv, kv, 0))
+            }
             Self::Each([wq, wk, wv]) => {
                 let qk = Tensor::cat(vec![wq.forward(h.clone()), wk.forward(h.clone())], 1);
                 (qk, wv.forward(h), layout(q + kv, kv, 0))
@@ -614,12 +620,19 @@ impl Decoder {
         if let Some(s) = c.embed_scale {
             x = x * s;
         }
-        let first_norm = self.layers.first().map_or(&self.output_norm, |l| &l.attn_norm);
+        let first_norm = self
+            .layers
+            .first()
+            .map_or(&self.output_norm, |l| &l.attn_norm);
         let mut h = burn_gguf::rms_norm(x.clone(), first_norm, eps);
         let old = state.take_layers();
         let mut layers = Vec::with_capacity(old.len());
         for ((il, l), layer_state) in self.layers.iter().enumerate().zip(old) {
-            let LayerState::Attention { k: k_cache, v: v_cache } = layer_state else {
+            let LayerState::Attention {
+                k: k_cache,
+                v: v_cache,
+            } = layer_state
+            else {
                 return Err(Error::Model(format!("layer {il} holds no KV cache")));
             };
             let local = c.is_local(il);
@@ -679,7 +692,10 @@ impl Decoder {
                 }
             };
             // The next layer's attention norm, or after the last layer the output norm.
-            let next = self.layers.get(il + 1).map_or(&self.output_norm, |n| &n.attn_norm);
+            let next = self
+                .layers
+                .get(il + 1)
+                .map_or(&self.output_norm, |n| &n.attn_norm);
             (x, h) = add_rms_norm(x_mid, d, post.map(|[_, f]| f), next, eps);
         }
         state.put_layers(layers, total);

@@ -12,9 +12,9 @@ pub use chat::{ChatTemplate, Message};
 pub use decoder::{
     ARCHITECTURES, Activation, Decoder, DecoderConfig, Moe, RopeStyle, SlidingWindow, rms_norm,
 };
-pub use state::{LayerKind, LayerState, SequenceState};
 pub use generate::{CausalLm, Generation, Session, Timings, generate, generate_ids};
 pub use sampling::{Sampler, SamplerConfig};
+pub use state::{LayerKind, LayerState, SequenceState};
 pub use tokenizer::GgufTokenizer;
 
 /// Errors of the model layer.

@@ -122,7 +122,13 @@ impl SequenceState {
     /// # Panics
     /// If `kinds` does not match the layers already allocated (a programming error: one state
     /// serves one model).
-    pub(crate) fn reserve(&mut self, positions: usize, max: usize, kinds: &[LayerKind], device: &Device) {
+    pub(crate) fn reserve(
+        &mut self,
+        positions: usize,
+        max: usize,
+        kinds: &[LayerKind],
+        device: &Device,
+    ) {
         let round = |p: usize| p.div_ceil(CAPACITY_STEP) * CAPACITY_STEP;
         if self.layers.is_empty() {
             let cap = round(positions.max(self.reserve)).min(max).max(positions);
@@ -134,7 +140,9 @@ impl SequenceState {
         if positions <= self.capacity {
             return;
         }
-        let cap = round(positions.max(2 * self.capacity)).min(max).max(positions);
+        let cap = round(positions.max(2 * self.capacity))
+            .min(max)
+            .max(positions);
         let keep = self.len;
         for (layer, kind) in self.layers.iter_mut().zip(kinds) {
             if let LayerState::Attention { k, v } = layer {

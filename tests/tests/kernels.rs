@@ -494,7 +494,10 @@ fn gated_activation_kernel() {
 fn attention_kernels() {
     let device = burn_gguf::default_device();
     let client = burn_gguf::cube_client(&device).expect("a CubeCL device");
-    for (i, case) in ggml_kernels::check::attention_cases().into_iter().enumerate() {
+    for (i, case) in ggml_kernels::check::attention_cases()
+        .into_iter()
+        .enumerate()
+    {
         let err = ggml_kernels::check::attention_error(&client, case, 40 + i as u64)
             .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
         assert!(err <= 1.0, "{}: error {err} x the bound", case.label());
@@ -515,14 +518,25 @@ fn add_rms_norm_kernel() {
     let (pre, w) = (rand_vec(d, 53), rand_vec(d, 54));
     let norm = |v: &[f64], w: &[f32]| -> Vec<f64> {
         let inv = 1.0 / (v.iter().map(|a| a * a).sum::<f64>() / d as f64 + f64::from(eps)).sqrt();
-        v.iter().zip(w).map(|(a, b)| a * inv * f64::from(*b)).collect()
+        v.iter()
+            .zip(w)
+            .map(|(a, b)| a * inv * f64::from(*b))
+            .collect()
     };
     for with_pre in [false, true] {
-        let (x_out, h) =
-            burn_gguf::add_rms_norm(t2(&x), t2(&o), with_pre.then(|| t1(&pre)).as_ref(), &t1(&w), eps);
+        let (x_out, h) = burn_gguf::add_rms_norm(
+            t2(&x),
+            t2(&o),
+            with_pre.then(|| t1(&pre)).as_ref(),
+            &t1(&w),
+            eps,
+        );
         let (x_out, h) = (to_vec(x_out), to_vec(h));
         for r in 0..rows {
-            let orow: Vec<f64> = o[r * d..(r + 1) * d].iter().map(|&v| f64::from(v)).collect();
+            let orow: Vec<f64> = o[r * d..(r + 1) * d]
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect();
             let orow = if with_pre { norm(&orow, &pre) } else { orow };
             let sum: Vec<f64> = orow
                 .iter()
@@ -554,7 +568,10 @@ fn stacked_gated_activation_kernel() {
     use burn_gguf::Activation;
     let device = burn_gguf::default_device();
     let (rows, width) = (3usize, 37usize);
-    let gu: Vec<f32> = rand_vec(rows * 2 * width, 61).iter().map(|v| v * 6.0).collect();
+    let gu: Vec<f32> = rand_vec(rows * 2 * width, 61)
+        .iter()
+        .map(|v| v * 6.0)
+        .collect();
     let t = |v: Vec<f32>, cols| Tensor::<2>::from_data(TensorData::new(v, [rows, cols]), &device);
     let half = |second: bool| -> Vec<f32> {
         gu.chunks(2 * width)
@@ -564,7 +581,11 @@ fn stacked_gated_activation_kernel() {
     };
     for act in [Activation::GeluTanh, Activation::Silu] {
         let stacked = to_vec(burn_gguf::gated_stacked(t(gu.clone(), 2 * width), act));
-        let apart = to_vec(burn_gguf::gated(t(half(false), width), t(half(true), width), act));
+        let apart = to_vec(burn_gguf::gated(
+            t(half(false), width),
+            t(half(true), width),
+            act,
+        ));
         assert_eq!(stacked, apart, "{act:?}");
     }
 }

@@ -754,7 +754,10 @@ pub fn run(opts: &Options) -> Result<(), String> {
         json!({"skipped": "--no-e2e"})
     } else {
         let steps = if opts.quick { 16 } else { 32 };
-        let tiny = opts.tiny.clone().unwrap_or_else(|| PathBuf::from(decode::TINY));
+        let tiny = opts
+            .tiny
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(decode::TINY));
         let mut models = vec![("tiny", tiny, 64)];
         if let Some(p) = e2e::model_path(opts) {
             models.insert(0, ("model", p, steps));

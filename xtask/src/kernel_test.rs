@@ -160,7 +160,10 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
     // The KV-cache step (Q/K norm + RoPE + cache write) and attention (with its split
     // combine): no ggml type, so only when no type is asked for.
     if op.is_none_or(|o| o == "attention") && ty.is_none() {
-        for (i, case) in ggml_kernels::check::attention_cases().into_iter().enumerate() {
+        for (i, case) in ggml_kernels::check::attention_cases()
+            .into_iter()
+            .enumerate()
+        {
             let e = ggml_kernels::check::attention_error(&client, case, 40 + i as u64)
                 .map_err(|e| e.to_string());
             push("qk_rope_cache + attention".into(), case.label(), e);

@@ -146,7 +146,10 @@ pub fn qk_rope_cache(
             Tensor::from_dispatch(v_cache),
         );
     }
-    let mut q = qk.clone().narrow(1, 0, n_head * hd).reshape([n, n_head, hd]);
+    let mut q = qk
+        .clone()
+        .narrow(1, 0, n_head * hd)
+        .reshape([n, n_head, hd]);
     let mut k = qk
         .narrow(1, layout.k_off, n_head_kv * hd)
         .reshape([n, n_head_kv, hd]);

@@ -15,8 +15,8 @@ pub mod ops;
 pub mod tensor;
 pub mod write;
 
-pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
 pub use attention::{AttentionShape, QkNorm, QkRopeShape, RopeTable, attention, qk_rope_cache};
+pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
 pub use nn::{
     Activation, DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, RopeStyle, Weight,
     add_rms_norm, gated, gated_stacked, rms_norm, rope,

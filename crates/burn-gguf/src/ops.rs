@@ -297,7 +297,10 @@ impl GgmlOps for CubeBackend {
         assert_eq!(gate_up.dtype, DType::F32, "ggml_glu_stacked takes f32");
         let gate_up = burn_cubecl::kernel::into_contiguous(gate_up);
         let shape = gate_up.meta.shape().clone();
-        let cols = shape.num_dims().checked_sub(1).map_or(0, |last| shape[last]);
+        let cols = shape
+            .num_dims()
+            .checked_sub(1)
+            .map_or(0, |last| shape[last]);
         let rows = shape.num_elements() / cols.max(1);
         let width = cols / 2;
         let y = empty_f32(&gate_up, Shape::new([rows, width]));
@@ -330,7 +333,10 @@ impl GgmlOps for CubeBackend {
         }
         let [x, o, w_pre, w] = [x, o, w_pre, w].map(burn_cubecl::kernel::into_contiguous);
         let shape = x.meta.shape().clone();
-        let cols = shape.num_dims().checked_sub(1).map_or(0, |last| shape[last]);
+        let cols = shape
+            .num_dims()
+            .checked_sub(1)
+            .map_or(0, |last| shape[last]);
         let rows = shape.num_elements() / cols.max(1);
         let x_out = empty_f32(&x, shape.clone());
         let h = empty_f32(&x, shape);
@@ -371,10 +377,7 @@ impl GgmlOps for CubeBackend {
         }
         let [qk, v, q_norm, k_norm, cos, sin] = inputs.map(burn_cubecl::kernel::into_contiguous);
         let [k_cache, v_cache] = [k_cache, v_cache].map(owned);
-        let q = empty_f32(
-            &qk,
-            Shape::new([layout.n, layout.n_head, layout.head_dim]),
-        );
+        let q = empty_f32(&qk, Shape::new([layout.n, layout.n_head, layout.head_dim]));
         let client = qk.client.clone();
         ggml_kernels::launch_qk_rope_cache(
             &client,
@@ -402,8 +405,7 @@ impl GgmlOps for CubeBackend {
         layout: ggml_kernels::AttentionShape,
         scale: f32,
     ) -> CubeTensor {
-        let [q, k_cache, v_cache] =
-            [q, k_cache, v_cache].map(burn_cubecl::kernel::into_contiguous);
+        let [q, k_cache, v_cache] = [q, k_cache, v_cache].map(burn_cubecl::kernel::into_contiguous);
         let out = empty_f32(&q, Shape::new([layout.n, layout.n_head * layout.head_dim]));
         let client = q.client.clone();
         ggml_kernels::launch_attention(

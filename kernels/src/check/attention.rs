@@ -86,7 +86,11 @@ pub fn attention_cases() -> Vec<AttentionCase> {
 ///
 /// # Errors
 /// Launch errors (shapes) or a failed read-back.
-pub fn attention_error(client: &Client, case: AttentionCase, seed: u64) -> Result<f64, KernelError> {
+pub fn attention_error(
+    client: &Client,
+    case: AttentionCase,
+    seed: u64,
+) -> Result<f64, KernelError> {
     let AttentionCase {
         n,
         past,
@@ -180,7 +184,11 @@ pub fn attention_error(client: &Client, case: AttentionCase, seed: u64) -> Resul
     let mut worst = 0f64;
     let mut note = |got: f32, want: f64, bound: f64| {
         let e = (got as f64 - want).abs() / (ATTENTION_TOL * bound);
-        worst = if e.is_nan() { f64::INFINITY } else { worst.max(e) };
+        worst = if e.is_nan() {
+            f64::INFINITY
+        } else {
+            worst.max(e)
+        };
     };
     // Q and K: normalised and rotated in f64.
     let rotate = |src: &[f32], w: &[f32], pos: usize| -> Vec<f64> {
@@ -195,7 +203,11 @@ pub fn attention_error(client: &Client, case: AttentionCase, seed: u64) -> Resul
             .collect();
         let mut y = vec![0f64; hd];
         for i in 0..half {
-            let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+            let (a, b) = if neox {
+                (i, i + half)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
             let (c, s) = (cos[pos * half + i] as f64, sin[pos * half + i] as f64);
             y[a] = x[a] * c - x[b] * s;
             y[b] = x[a] * s + x[b] * c;
@@ -207,7 +219,11 @@ pub fn attention_error(client: &Client, case: AttentionCase, seed: u64) -> Resul
         for h in 0..nh {
             let want = rotate(&row[h * hd..(h + 1) * hd], &q_norm, past + t);
             for d in 0..hd {
-                note(q_out[(t * nh + h) * hd + d], want[d], want[d].abs().max(1.0));
+                note(
+                    q_out[(t * nh + h) * hd + d],
+                    want[d],
+                    want[d].abs().max(1.0),
+                );
             }
         }
         for g in 0..nkv {
@@ -235,7 +251,10 @@ pub fn attention_error(client: &Client, case: AttentionCase, seed: u64) -> Resul
         }
     }
     // Attention over the cache as the kernel left it.
-    let v_max = v_cache.iter().fold(0f64, |m, v| m.max(v.abs() as f64)).max(1e-30);
+    let v_max = v_cache
+        .iter()
+        .fold(0f64, |m, v| m.max(v.abs() as f64))
+        .max(1e-30);
     let rep = nh / nkv;
     for t in 0..n {
         let p = past + t;

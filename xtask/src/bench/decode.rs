@@ -84,7 +84,12 @@ fn empty(out: &mut [u32]) {
 
 /// Per-token costs of greedy decoding `steps` tokens of `model` after [`PROMPT`], with a
 /// warm-up generation first (kernels compiled).
-pub(super) fn decode_costs(label: &str, path: &Path, steps: usize, floor_s: f64) -> Result<Value, String> {
+pub(super) fn decode_costs(
+    label: &str,
+    path: &Path,
+    steps: usize,
+    floor_s: f64,
+) -> Result<Value, String> {
     let loaded = burn_gguf_cli::run::load(path, false, false)?;
     let (model, tokenizer) = (&loaded.model, &loaded.tokenizer);
     let greedy = SamplerConfig::default();
@@ -94,16 +99,22 @@ pub(super) fn decode_costs(label: &str, path: &Path, steps: usize, floor_s: f64)
         .map_err(|e| e.to_string())?;
     let ids = tokenizer.encode(PROMPT, true).map_err(|e| e.to_string())?;
     let mut state = model.new_cache();
-    let logits = model.forward(&ids, &mut state, false).map_err(|e| e.to_string())?;
+    let logits = model
+        .forward(&ids, &mut state, false)
+        .map_err(|e| e.to_string())?;
     let mut token = next_token(logits, &mut sampler).map_err(|e| e.to_string())?;
     // One decode step unobserved, then `steps` observed.
-    let logits = model.forward(&[token], &mut state, false).map_err(|e| e.to_string())?;
+    let logits = model
+        .forward(&[token], &mut state, false)
+        .map_err(|e| e.to_string())?;
     token = next_token(logits, &mut sampler).map_err(|e| e.to_string())?;
     let launches = Arc::new(Launches::default());
     let observation = LaunchObservation::new(launches.clone());
     let (wall0, cpu0, proc0) = (Instant::now(), thread_cpu_s(), process_cpu_s());
     for _ in 0..steps {
-        let logits = model.forward(&[token], &mut state, false).map_err(|e| e.to_string())?;
+        let logits = model
+            .forward(&[token], &mut state, false)
+            .map_err(|e| e.to_string())?;
         token = next_token(logits, &mut sampler).map_err(|e| e.to_string())?;
     }
     let (wall, cpu, proc) = (
@@ -177,7 +188,10 @@ pub fn first_token_child(path: &Path) -> Result<(), String> {
     let t = Instant::now();
     let loaded = burn_gguf_cli::run::load(path, false, false)?;
     let load_s = t.elapsed().as_secs_f64();
-    let ids = loaded.tokenizer.encode(PROMPT, true).map_err(|e| e.to_string())?;
+    let ids = loaded
+        .tokenizer
+        .encode(PROMPT, true)
+        .map_err(|e| e.to_string())?;
     let mut state = loaded.model.new_cache();
     let logits = loaded
         .model
@@ -196,11 +210,25 @@ pub fn first_token_child(path: &Path) -> Result<(), String> {
 
 /// llama.cpp's `llama-bench` on `model` (2 threads, CPU): `(pp tokens/s, tg tokens/s)` for a
 /// `pp`-token prompt and `tg` generated tokens.
-pub(super) fn llama_bench(bin: &Path, model: &Path, pp: usize, tg: usize) -> Result<(f64, f64), String> {
+pub(super) fn llama_bench(
+    bin: &Path,
+    model: &Path,
+    pp: usize,
+    tg: usize,
+) -> Result<(f64, f64), String> {
     let out = Command::new(bin)
         .args(["-m"])
         .arg(model)
-        .args(["-p", &pp.to_string(), "-n", &tg.to_string(), "-t", "2", "-o", "json"])
+        .args([
+            "-p",
+            &pp.to_string(),
+            "-n",
+            &tg.to_string(),
+            "-t",
+            "2",
+            "-o",
+            "json",
+        ])
         .output()
         .map_err(|e| format!("{}: {e}", bin.display()))?;
     if !out.status.success() {
@@ -214,8 +242,12 @@ pub(super) fn llama_bench(bin: &Path, model: &Path, pp: usize, tg: usize) -> Res
     let rate = |prompt: bool| -> Option<f64> {
         rows.as_array()?.iter().find_map(|r| {
             let (p, g) = (r["n_prompt"].as_u64()?, r["n_gen"].as_u64()?);
-            (if prompt { p > 0 && g == 0 } else { g > 0 && p == 0 })
-                .then(|| r["avg_ts"].as_f64())?
+            (if prompt {
+                p > 0 && g == 0
+            } else {
+                g > 0 && p == 0
+            })
+            .then(|| r["avg_ts"].as_f64())?
         })
     };
     Ok((
@@ -226,7 +258,11 @@ pub(super) fn llama_bench(bin: &Path, model: &Path, pp: usize, tg: usize) -> Res
 
 /// The decode section of the bench: the empty-kernel floor, then for each model its per-token
 /// costs, its fresh-process first token, and llama.cpp's figures when `llama` is given.
-pub(super) fn run(client: &Client, models: &[(&str, PathBuf, usize)], llama: Option<&Path>) -> Value {
+pub(super) fn run(
+    client: &Client,
+    models: &[(&str, PathBuf, usize)],
+    llama: Option<&Path>,
+) -> Value {
     println!("decode (greedy, after \"{PROMPT}\"):");
     let floor = match empty_kernel_s(client, 2000) {
         Ok(s) => s,
@@ -241,7 +277,10 @@ pub(super) fn run(client: &Client, models: &[(&str, PathBuf, usize)], llama: Opt
     for (label, path, steps) in models {
         if !path.is_file() {
             println!("  {label}: skipped: {} not found", path.display());
-            out.insert((*label).into(), json!({"skipped": format!("{} not found", path.display())}));
+            out.insert(
+                (*label).into(),
+                json!({"skipped": format!("{} not found", path.display())}),
+            );
             continue;
         }
         let mut v = decode_costs(label, path, *steps, floor).unwrap_or_else(|e| {
@@ -250,7 +289,10 @@ pub(super) fn run(client: &Client, models: &[(&str, PathBuf, usize)], llama: Opt
         });
         match fresh_first_token(path) {
             Ok(f) => {
-                println!("  {label}: fresh process to first token {:.2} s", f["seconds"].as_f64().unwrap_or(f64::NAN));
+                println!(
+                    "  {label}: fresh process to first token {:.2} s",
+                    f["seconds"].as_f64().unwrap_or(f64::NAN)
+                );
                 v["fresh_first_token"] = f;
             }
             Err(e) => println!("  {label}: fresh first token failed: {e}"),

@@ -46,7 +46,11 @@ pub(super) fn model_path(opts: &super::Options) -> Option<PathBuf> {
         Some(p) => Some(p.clone()),
         None => {
             let known = burn_gguf_cli::fetch::known_model("gemma3-270m")?;
-            Some(burn_gguf_cli::fetch::cache_dir().join("models").join(known.file_name))
+            Some(
+                burn_gguf_cli::fetch::cache_dir()
+                    .join("models")
+                    .join(known.file_name),
+            )
         }
     }
 }
