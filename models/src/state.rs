@@ -55,8 +55,6 @@ pub struct SequenceState {
     capacity: usize,
     /// Positions to allocate on first use (0: as needed).
     reserve: usize,
-    /// The capacity while the layers are out for a forward pass.
-    capacity_taken: usize,
 }
 
 impl SequenceState {
@@ -163,16 +161,14 @@ impl SequenceState {
     /// [`SequenceState::put_layers`] the state is empty: a pass that fails part way leaves it
     /// so, to be filled again from scratch.
     pub(crate) fn take_layers(&mut self) -> Vec<LayerState> {
+        // Empty layers make the next `reserve` allocate afresh, whatever `capacity` says.
         self.len = 0;
-        self.capacity_taken = self.capacity;
-        self.capacity = 0;
         std::mem::take(&mut self.layers)
     }
 
     /// Puts the layers back after a forward pass, now holding `len` positions.
     pub(crate) fn put_layers(&mut self, layers: Vec<LayerState>, len: usize) {
         self.layers = layers;
-        self.capacity = self.capacity_taken;
         self.len = len;
     }
 }

@@ -72,8 +72,8 @@ pub trait GgmlOps: burn::backend::Backend {
     /// [`GgmlOps::ggml_glu`] of a stacked gate/up projection: `gate_up` `[rows, 2 * width]` f32
     /// (gate in the first half of each row, up in the second) -> `[rows, width]`.
     #[fusion(dtype = gate_up, shape = {
-        let cols = gate_up.num_dims().checked_sub(1).map_or(0, |last| gate_up[last]);
-        burn::tensor::Shape::new([gate_up.num_elements() / cols.max(1), cols / 2])
+        let [rows, cols] = crate::ops::rows_cols(gate_up);
+        burn::tensor::Shape::new([rows, cols / 2])
     })]
     fn ggml_glu_stacked(gate_up: FloatTensor<Self>, gelu: bool) -> FloatTensor<Self>;
 
@@ -139,6 +139,15 @@ pub trait GgmlOps: burn::backend::Backend {
 fn owned(t: CubeTensor) -> CubeTensor {
     let t = burn_cubecl::kernel::into_contiguous(t);
     if t.can_mut() { t } else { t.copy() }
+}
+
+/// `[rows, cols]` of `shape` seen as rows of its last dimension (`[0, 0]` for a scalar shape).
+pub(crate) fn rows_cols(shape: &Shape) -> [usize; 2] {
+    let cols = shape
+        .num_dims()
+        .checked_sub(1)
+        .map_or(0, |last| shape[last]);
+    [shape.num_elements() / cols.max(1), cols]
 }
 
 fn empty_f32(like: &CubeTensor, shape: Shape) -> CubeTensor {
@@ -216,11 +225,7 @@ impl GgmlOps for CubeBackend {
         let x = burn_cubecl::kernel::into_contiguous(x);
         let w = burn_cubecl::kernel::into_contiguous(w);
         let shape = x.meta.shape().clone();
-        let cols = shape
-            .num_dims()
-            .checked_sub(1)
-            .map_or(0, |last| shape[last]);
-        let rows = shape.num_elements() / cols.max(1);
+        let [rows, cols] = rows_cols(&shape);
         let y = empty_f32(&x, shape);
         let client = x.client.clone();
         ggml_kernels::launch_rms_norm(
@@ -297,11 +302,7 @@ impl GgmlOps for CubeBackend {
         assert_eq!(gate_up.dtype, DType::F32, "ggml_glu_stacked takes f32");
         let gate_up = burn_cubecl::kernel::into_contiguous(gate_up);
         let shape = gate_up.meta.shape().clone();
-        let cols = shape
-            .num_dims()
-            .checked_sub(1)
-            .map_or(0, |last| shape[last]);
-        let rows = shape.num_elements() / cols.max(1);
+        let [rows, cols] = rows_cols(&shape);
         let width = cols / 2;
         let y = empty_f32(&gate_up, Shape::new([rows, width]));
         let client = gate_up.client.clone();
@@ -333,11 +334,7 @@ impl GgmlOps for CubeBackend {
         }
         let [x, o, w_pre, w] = [x, o, w_pre, w].map(burn_cubecl::kernel::into_contiguous);
         let shape = x.meta.shape().clone();
-        let cols = shape
-            .num_dims()
-            .checked_sub(1)
-            .map_or(0, |last| shape[last]);
-        let rows = shape.num_elements() / cols.max(1);
+        let [rows, cols] = rows_cols(&shape);
         let x_out = empty_f32(&x, shape.clone());
         let h = empty_f32(&x, shape);
         let client = x.client.clone();
