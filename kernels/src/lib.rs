@@ -23,6 +23,7 @@ pub mod glu;
 pub mod norm;
 pub mod rope;
 pub mod source;
+pub mod top_k;
 pub mod words;
 
 use cubecl::client::Client;
@@ -38,6 +39,7 @@ pub use attention::{AttentionShape, QkRopeShape, launch_attention, launch_qk_rop
 pub use glu::launch_glu;
 pub use norm::{launch_add_rms_norm, launch_rms_norm};
 pub use rope::launch_rope;
+pub use top_k::launch_top_k;
 
 /// Runs `$body` with `$F` bound to the decoder type of `$ty`, or evaluates `$none`.
 macro_rules! with_format {

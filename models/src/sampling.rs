@@ -68,25 +68,44 @@ impl Sampler {
         if self.config.is_greedy() || logits.len() <= 1 {
             return argmax(logits);
         }
-        let mut idx: Vec<u32> = (0..logits.len() as u32)
-            .filter(|&i| logits[i as usize].is_finite())
-            .collect();
-        if idx.is_empty() {
+        let k = match self.config.top_k {
+            0 => logits.len(),
+            k => k,
+        };
+        let candidates = burn_gguf::sampling::top_k_row(logits, k);
+        if candidates.is_empty() {
             return argmax(logits);
         }
-        idx.sort_by(|&a, &b| {
-            logits[b as usize]
-                .total_cmp(&logits[a as usize])
-                .then(a.cmp(&b))
-        });
-        if self.config.top_k > 0 {
-            idx.truncate(self.config.top_k);
+        self.pick(&candidates)
+    }
+
+    /// Picks a token id from the best candidates of a row, `(logit, id)` in the order of
+    /// [`burn_gguf::top_k`] (larger logit first, then smaller id; finite logits only). Given at
+    /// least `top_k` candidates (all of the row's finite logits when `top_k` is 0), or all of
+    /// them when the row has fewer, this draws exactly what [`Sampler::sample`] draws from the
+    /// whole row with the same generator state. Greedy takes the first.
+    ///
+    /// # Panics
+    /// If `candidates` is empty.
+    pub fn sample_candidates(&mut self, candidates: &[(f32, u32)]) -> u32 {
+        assert!(!candidates.is_empty(), "sample_candidates: no candidates");
+        if self.config.is_greedy() {
+            return candidates[0].1;
         }
+        let k = match self.config.top_k {
+            0 => candidates.len(),
+            k => k.min(candidates.len()),
+        };
+        self.pick(&candidates[..k])
+    }
+
+    /// llama.cpp's order after top-k: softmax with the temperature, top-p, then one draw.
+    fn pick(&mut self, candidates: &[(f32, u32)]) -> u32 {
         let t = self.config.temperature as f64;
-        let max = logits[idx[0] as usize] as f64;
-        let mut probs: Vec<f64> = idx
+        let max = candidates[0].0 as f64;
+        let mut probs: Vec<f64> = candidates
             .iter()
-            .map(|&i| ((logits[i as usize] as f64 - max) / t).exp())
+            .map(|&(v, _)| ((v as f64 - max) / t).exp())
             .collect();
         let sum: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= sum);
@@ -100,17 +119,16 @@ impl Sampler {
                 })
                 .map_or(probs.len(), |i| i + 1);
             probs.truncate(keep);
-            idx.truncate(keep);
         }
         let total: f64 = probs.iter().sum();
         let mut r = self.rng.random::<f64>() * total;
-        for (p, &i) in probs.iter().zip(&idx) {
+        for (p, &(_, id)) in probs.iter().zip(candidates) {
             if r < *p {
-                return i;
+                return id;
             }
             r -= p;
         }
-        *idx.last().expect("at least one candidate")
+        candidates[probs.len() - 1].1
     }
 }
 

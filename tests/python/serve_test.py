@@ -236,6 +236,7 @@ def bad_requests(srv, model, n_ctx_words):
             body = body.encode()
         status, data = srv.raw("POST", path, body=body, headers={"Content-Type": "application/json", **headers})
         check(400 <= status < 500, f"{name}: status {status}: {data[:200]!r}")
+        check(name != "oversized body" or status == 413, f"{name}: status {status}, not 413")
         try:
             err = json.loads(data)["error"]
             check(isinstance(err["message"], str) and err["message"], f"{name}: empty message")

@@ -12,6 +12,7 @@ pub mod attention;
 pub mod loader;
 pub mod nn;
 pub mod ops;
+pub mod sampling;
 pub mod tensor;
 pub mod write;
 
@@ -21,6 +22,7 @@ pub use nn::{
     Activation, DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, RopeStyle, Weight,
     add_rms_norm, gated, gated_stacked, rms_norm, rope,
 };
+pub use sampling::top_k;
 pub use tensor::GgmlTensor;
 
 use burn::backend::DispatchDevice;

@@ -132,6 +132,20 @@ pub trait GgmlOps: burn::backend::Backend {
         layout: ggml_kernels::AttentionShape,
         scale: f32,
     ) -> FloatTensor<Self>;
+
+    /// The `k` largest values of each row of `x` `[rows, n]` f32 and their columns, best first
+    /// (larger value, then smaller column), one or two kernels ([`ggml_kernels::top_k`]):
+    /// `[rows, k]` f32 and `[rows, k]` u32. NaN and infinite values are skipped; a row with
+    /// fewer than `k` finite values ends in [`ggml_kernels::top_k::NO_ID`].
+    #[fusion(meta = |x: &burn::backend::fusion::custom::TensorSpec, k: &usize| {
+        let rows = x.shape.num_elements() / x.shape[x.shape.num_dims() - 1].max(1);
+        (
+            burn::backend::fusion::custom::TensorSpec::new(burn::tensor::Shape::new([rows, *k]), x.dtype),
+            burn::backend::fusion::custom::TensorSpec::new(
+                burn::tensor::Shape::new([rows, *k]), burn::tensor::DType::U32),
+        )
+    })]
+    fn ggml_top_k(x: FloatTensor<Self>, k: usize) -> (FloatTensor<Self>, IntTensor<Self>);
 }
 
 /// `t`'s buffer, made its own first when another tensor shares it, so a kernel may write it in
@@ -416,5 +430,32 @@ impl GgmlOps for CubeBackend {
         )
         .unwrap_or_else(|e| panic!("ggml_attention: {e}"));
         out
+    }
+
+    fn ggml_top_k(x: CubeTensor, k: usize) -> (CubeTensor, CubeTensor) {
+        assert_eq!(x.dtype, DType::F32, "ggml_top_k takes f32");
+        let x = burn_cubecl::kernel::into_contiguous(x);
+        let [rows, n] = rows_cols(x.meta.shape());
+        let values = empty_f32(&x, Shape::new([rows, k]));
+        let client = x.client.clone();
+        let ids_handle = client.empty(rows * k * size_of::<u32>());
+        let ids = CubeTensor::new_contiguous(
+            client.clone(),
+            x.device.clone(),
+            Shape::new([rows, k]),
+            ids_handle,
+            DType::U32,
+        );
+        ggml_kernels::launch_top_k(
+            &client,
+            x.into_buffer_arg(),
+            values.clone().into_buffer_arg(),
+            ids.clone().into_buffer_arg(),
+            rows,
+            n,
+            k,
+        )
+        .unwrap_or_else(|e| panic!("ggml_top_k: {e}"));
+        (values, ids)
     }
 }

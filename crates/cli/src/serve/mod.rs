@@ -10,6 +10,7 @@
 //! accepting connections, lets running requests finish, and exits.
 
 pub mod api;
+pub mod body;
 pub mod engine;
 pub mod models;
 
@@ -19,9 +20,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::Body;
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -83,6 +83,7 @@ struct AppState {
     waiting: AtomicUsize,
     max_queue: usize,
     max_concurrent: usize,
+    max_body_bytes: usize,
     created: u64,
     next_id: AtomicU64,
 }
@@ -129,6 +130,7 @@ pub fn serve(opts: &ServeOptions) -> Result<(), String> {
         waiting: AtomicUsize::new(0),
         max_queue: opts.max_queue,
         max_concurrent: opts.max_concurrent,
+        max_body_bytes: opts.max_body_bytes,
         created: now_secs(),
         next_id: AtomicU64::new(1),
     });
@@ -136,7 +138,7 @@ pub fn serve(opts: &ServeOptions) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("could not start the async runtime: {e}"))?;
-    let app = router(state.clone(), opts.max_body_bytes);
+    let app = router(state.clone());
     let addr = format!("{}:{}", opts.host, opts.port);
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&addr)
@@ -184,7 +186,7 @@ async fn shutdown_signal() {
     eprintln!("signal received: no new connections; finishing running requests");
 }
 
-fn router(state: Shared, max_body_bytes: usize) -> Router {
+fn router(state: Shared) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(list_models))
@@ -193,7 +195,6 @@ fn router(state: Shared, max_body_bytes: usize) -> Router {
         .fallback(|| async {
             ApiError::bad_request("no such endpoint", None).status(StatusCode::NOT_FOUND)
         })
-        .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
 }
 
@@ -231,9 +232,10 @@ async fn list_models(State(s): State<Shared>) -> Response {
     axum::Json(json!({ "object": "list", "data": data })).into_response()
 }
 
-/// Parses a JSON body; every failure (too large, not UTF-8, not JSON, wrong shape) is a 4xx.
-fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = body.map_err(|r| ApiError::bad_request(r.body_text(), None).status(r.status()))?;
+/// Reads and parses a JSON body; every failure (too large, not UTF-8, not JSON, wrong shape) is
+/// a 4xx.
+async fn parse_body<T: DeserializeOwned>(s: &AppState, body: Body) -> Result<T, ApiError> {
+    let bytes = body::read_limited(body, s.max_body_bytes).await?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}"), None))
 }
@@ -324,18 +326,15 @@ enum Kind {
     Completion,
 }
 
-async fn chat_completions(
-    State(s): State<Shared>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn chat_completions(State(s): State<Shared>, body: Body) -> Response {
     match chat_inner(&s, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn chat_inner(s: &Shared, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: api::ChatRequest = parse_body(body)?;
+async fn chat_inner(s: &Shared, body: Body) -> Result<Response, ApiError> {
+    let req: api::ChatRequest = parse_body(s, body).await?;
     let served = model(s, &req.model)?;
     let messages = api::check_messages(&req.messages)?;
     let checked = api::check_generation(&req.generation)?;
@@ -368,18 +367,15 @@ async fn chat_inner(s: &Shared, body: Result<Bytes, BytesRejection>) -> Result<R
     finish(s, served, prompt_ids, checked, &req.generation, Kind::Chat).await
 }
 
-async fn completions(State(s): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(State(s): State<Shared>, body: Body) -> Response {
     match completion_inner(&s, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn completion_inner(
-    s: &Shared,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let req: api::CompletionRequest = parse_body(body)?;
+async fn completion_inner(s: &Shared, body: Body) -> Result<Response, ApiError> {
+    let req: api::CompletionRequest = parse_body(s, body).await?;
     let served = model(s, &req.model)?;
     let prompt = match req.prompt {
         api::Prompt::One(p) => p,
