@@ -9,7 +9,9 @@ use cubecl::prelude::*;
 use gguf::GgmlType;
 
 pub mod attention;
+pub mod top_k;
 pub use attention::{ATTENTION_TOL, AttentionCase, attention_cases, attention_error};
+pub use top_k::{top_k_cases, top_k_error, top_k_input, top_k_mismatches};
 
 /// GEMV tolerance: `|y - y_ref| <= GEMV_TOL * sum_k |w_k x_k|`, the scale of f32 rounding in a dot.
 pub const GEMV_TOL: f64 = 1e-5;

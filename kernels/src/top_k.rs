@@ -1,12 +1,15 @@
 //! The `k` largest values of each row and their indices, on the device: what a sampler needs
 //! from a row of logits, so a decoding step reads back `k` (value, id) pairs instead of the whole
 //! vocabulary (262,144 values for Gemma 3). llama.cpp's samplers do the same top-k first, on the
-//! host (`llama_sampler_top_k`); here it runs where the logits are.
+//! host (`llama_sampler_init_top_k`); here it runs where the logits are.
 //!
 //! Two passes of one kernel: each cube takes a chunk of [`TOP_K_CHUNK`] values of a row and
 //! writes that chunk's top `k`; one cube per row then takes the top `k` of the chunks'
 //! candidates. Each pass selects `k` times: every unit scans its values for the best one after
-//! the last selected, and the cube reduces the units' bests in shared memory.
+//! the last selected, writes it to shared memory, and every unit then takes the best of the
+//! units' bests (two barriers a round; a tree reduction would take log2(units)). The work is
+//! `k` times the row, so it suits GPUs; a CPU-emulated device is better served reading the row
+//! back (`burn_gguf_models::generate::SampleFrom`).
 use crate::{KernelError, cube_count_for, shape_err};
 use cubecl::client::Client;
 use cubecl::prelude::*;
@@ -82,8 +85,8 @@ pub fn top_k(
         best_v[unit as usize] = bv;
         best_i[unit as usize] = bi;
         sync_cube();
-        // Every unit finds the winner among the units' bests itself: one barrier a round
-        // instead of a tree's log2(units).
+        // Every unit finds the winner among the units' bests itself: two barriers a round
+        // (this one and the one below) instead of a tree's log2(units) + 1.
         last_v = best_v[0];
         last_i = best_i[0];
         for u in 1..units {

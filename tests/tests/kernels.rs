@@ -590,60 +590,29 @@ fn stacked_gated_activation_kernel() {
     }
 }
 
-/// Top-k on the device ([`burn_gguf::top_k`]) against the host's order
-/// ([`burn_gguf::sampling::top_k_row`]), value and id for id: rows of one chunk and of several
-/// (the two-pass path, Gemma 3's vocabulary of 262,144 among them), a last chunk that is not
-/// full, `k` of 1, 40 and the maximum, ties (values drawn from a few levels), NaN and infinities
-/// (never selected), and a row with fewer finite values than `k` (padded with `NO_ID`).
+/// Top-k through the Burn op ([`burn_gguf::top_k`]) against the host's order
+/// ([`burn_gguf::sampling::top_k_row`]), value and id for id, on
+/// `ggml_kernels::check::top_k_cases`: rows of one chunk and of several (the two-pass path,
+/// Gemma 3's vocabulary of 262,144 among them), a last chunk that is not full, `k` of 1, 40 and
+/// the maximum, ties, NaN and infinities (never selected), and rows with fewer finite values
+/// than `k` (padded with `NO_ID`).
 #[test]
 fn top_k_kernel() {
-    use burn_gguf::sampling::{NO_ID, TOP_K_MAX, top_k_row};
+    use ggml_kernels::check::{top_k_cases, top_k_input, top_k_mismatches};
     let device = burn_gguf::default_device();
-    let cases = [
-        (2usize, 1000usize, 40usize),
-        (1, 4096, 1),
-        (3, 4097, 40),
-        (1, 262_144, 40),
-        (2, 10_000, TOP_K_MAX),
-        (1, 300, TOP_K_MAX),
-    ];
-    for (case, &(rows, n, k)) in cases.iter().enumerate() {
-        let mut x: Vec<f32> = rand_vec(rows * n, 90 + case as u64)
-            .iter()
-            .map(|v| (v * 20.0).round() / 4.0)
-            .collect();
-        for (i, v) in x.iter_mut().enumerate() {
-            match i % 97 {
-                3 => *v = f32::NAN,
-                5 => *v = f32::INFINITY,
-                7 => *v = f32::NEG_INFINITY,
-                _ => {}
-            }
-        }
-        if n == 300 {
-            // Fewer finite values than k.
-            x.iter_mut().skip(100).for_each(|v| *v = f32::NAN);
-        }
+    for (i, (rows, n, k)) in top_k_cases().into_iter().enumerate() {
+        let x = top_k_input(rows, n, 90 + i as u64);
         let logits = Tensor::<2>::from_data(TensorData::new(x.clone(), [rows, n]), &device);
         let (values, ids) = burn_gguf::top_k(logits, k);
         assert_eq!(values.dims(), [rows, k]);
         let values = to_vec(values);
-        let ids: Vec<i64> = ids.into_data().iter::<i64>().collect();
-        for r in 0..rows {
-            let want = top_k_row(&x[r * n..(r + 1) * n], k);
-            for j in 0..k {
-                let (v, id) = (values[r * k + j], ids[r * k + j] as u32);
-                match want.get(j) {
-                    Some(&(wv, wid)) => assert!(
-                        id == wid && v.to_bits() == wv.to_bits(),
-                        "rows {rows} n {n} k {k}: row {r} place {j}: ({v}, {id}) against ({wv}, {wid})"
-                    ),
-                    None => assert_eq!(
-                        id, NO_ID,
-                        "n {n} k {k}: row {r} place {j} past the finite values"
-                    ),
-                }
-            }
-        }
+        let ids: Vec<u32> = ids.into_data().iter::<i64>().map(|v| v as u32).collect();
+        let wrong = top_k_mismatches(&x, n, k, &values, &ids);
+        assert_eq!(
+            wrong,
+            0,
+            "rows {rows} n {n} k {k}: {wrong} of {} differ",
+            rows * k
+        );
     }
 }

@@ -54,7 +54,8 @@ impl Row {
     }
 }
 
-/// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `big`, `attention`);
+/// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `big`, `attention`,
+/// `top_k`);
 /// prints the table.
 /// Returns the number of failures.
 pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
@@ -167,6 +168,15 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
             let e = ggml_kernels::check::attention_error(&client, case, 40 + i as u64)
                 .map_err(|e| e.to_string());
             push("qk_rope_cache + attention".into(), case.label(), e);
+        }
+    }
+    // Top-k (sampling candidates): no ggml type either.
+    if op.is_none_or(|o| o == "top_k") && ty.is_none() {
+        for (i, case) in ggml_kernels::check::top_k_cases().into_iter().enumerate() {
+            let e = ggml_kernels::check::top_k_error(&client, case, 70 + i as u64)
+                .map_err(|e| e.to_string());
+            let (rows, n, k) = case;
+            push("top_k".into(), format!("{rows}x{n} k={k}"), e);
         }
     }
     let failed = rows_out.iter().filter(|r| !r.passed()).count();

@@ -49,7 +49,7 @@ enum Command {
         ggml_type: Option<gguf::GgmlType>,
         /// Only this op: gemv, dequantize, big (262,144-row and over-128-MiB shapes),
         /// attention (the KV-cache step and attention kernels).
-        #[arg(long, value_parser = ["gemv", "dequantize", "big", "attention"])]
+        #[arg(long, value_parser = ["gemv", "dequantize", "big", "attention", "top_k"])]
         op: Option<String>,
     },
     /// Benchmark the packed path on the wgpu device: fused GEMV per ggml type and shape (1 and 8

@@ -309,7 +309,20 @@ impl GgmlTensor {
         }
         let device = self.device();
         let mut out: Option<Tensor<2>> = None;
-        for p in &self.parts {
+        // Only the parts that hold one of the rows (a decoding step's one id is one launch);
+        // the first for no ids.
+        let mut parts: Vec<&Part> = self
+            .parts
+            .iter()
+            .filter(|p| {
+                ids.iter()
+                    .any(|&id| (p.row_start..p.row_start + p.rows).contains(&(id as usize)))
+            })
+            .collect();
+        if parts.is_empty() {
+            parts.extend(self.parts.first());
+        }
+        for p in parts {
             let part = self.dequantize_part_rows(p, ids.to_vec(), p.row_start, &device);
             out = Some(match out {
                 None => part,
