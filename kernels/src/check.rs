@@ -2,7 +2,8 @@
 //! `cargo xtask kernel-test` and of the kernel tests. References come from the caller (the CPU
 //! codec), so this crate stays independent of it.
 use crate::{
-    GemvConfig, KernelError, grid_words, launch_dequantize_rows, launch_gemv, words_for_bytes,
+    GemvConfig, GemvLaunch, KernelError, grid_words, launch_dequantize_rows, launch_gemv_with,
+    words_for_bytes,
 };
 use cubecl::client::Client;
 use cubecl::prelude::*;
@@ -43,9 +44,12 @@ fn read_f32(client: &Client, h: cubecl::server::Handle) -> Result<Vec<f32>, Kern
     Ok(f32::from_bytes(&bytes).to_vec())
 }
 
-/// Runs the fused GEMV `config` on `bytes` (`rows` x `cols` of `ty`) with activations `x`
-/// (`[m, cols]`) and returns the worst error as a fraction of its bound ([`GEMV_TOL`]; <= 1
-/// passes) against `reference`, the weights dequantized by the CPU codec (`[rows, cols]`).
+/// Runs the fused GEMV `config` with the choices of `launch` (pass width, gated-activation
+/// epilogue: [`crate::launch_gemv_with`]) on `bytes` (`rows` x `cols` of `ty`) with activations
+/// `x` (`[m, cols]`) and returns the worst error as a fraction of its bound (<= 1 passes)
+/// against `reference`, the weights dequantized by the CPU codec (`[rows, cols]`):
+/// [`gemv_error_of`], or [`gemv_glu_error_of`] with an epilogue (`rows` then a stacked gate/up
+/// projection).
 ///
 /// # Errors
 /// Launch errors (unsupported type, shapes) or a failed read-back.
@@ -57,28 +61,82 @@ pub fn gemv_error(
     rows: usize,
     cols: usize,
     config: GemvConfig,
+    launch: GemvLaunch,
     x: &[f32],
     reference: &[f32],
 ) -> Result<f64, KernelError> {
     let m = x.len() / cols;
+    let out_rows = if launch.glu.is_some() { rows / 2 } else { rows };
     let words = words_for_bytes(bytes);
     let w = client.create_from_slice(u32::as_bytes(&words));
     let grid = grid_words(ty).ok_or(KernelError::Unsupported(ty))?;
     let gh = client.create_from_slice(u32::as_bytes(&grid));
     let xh = client.create_from_slice(f32::as_bytes(x));
-    let yh = client.empty(m * rows * size_of::<f32>());
+    let yh = client.empty(m * out_rows * size_of::<f32>());
     // SAFETY: each length is that of the buffer just created.
     let (wa, ga, xa, ya) = unsafe {
         (
             BufferArg::from_raw_parts(w, words.len()),
             BufferArg::from_raw_parts(gh, grid.len()),
             BufferArg::from_raw_parts(xh, x.len()),
-            BufferArg::from_raw_parts(yh.clone(), m * rows),
+            BufferArg::from_raw_parts(yh.clone(), m * out_rows),
         )
     };
-    launch_gemv(client, ty, wa, ga, xa, ya, rows, cols, config)?;
+    launch_gemv_with(client, ty, wa, ga, xa, ya, rows, cols, config, launch)?;
     let y = read_f32(client, yh)?;
-    Ok(gemv_error_of(&y, x, reference, rows, cols))
+    Ok(match launch.glu {
+        Some(gelu) => gemv_glu_error_of(&y, x, reference, rows, cols, gelu),
+        None => gemv_error_of(&y, x, reference, rows, cols),
+    })
+}
+
+/// The worst error of `y` (`[m, rows / 2]`) against `act(x W_gate^T) * (x W_up^T)` computed in
+/// f64 from `reference` (`[rows, cols]`: the gate's `rows / 2` rows, then up's), `act` ggml's
+/// GELU (tanh approximation) with `gelu`, else SiLU, as a fraction of its bound: each dot's
+/// [`GEMV_TOL`] bound carried through the product (the activation's slope is below 1.2),
+/// plus 1e-5 of the value for the f32 activation. NaN counts as infinite.
+pub fn gemv_glu_error_of(
+    y: &[f32],
+    x: &[f32],
+    reference: &[f32],
+    rows: usize,
+    cols: usize,
+    gelu: bool,
+) -> f64 {
+    let (m, half) = (x.len() / cols, rows / 2);
+    let dot = |n: usize, r: usize| {
+        let w = &reference[n * cols..(n + 1) * cols];
+        w.iter()
+            .zip(&x[r * cols..(r + 1) * cols])
+            .fold((0f64, 0f64), |(d, a), (wk, xk)| {
+                let p = *wk as f64 * *xk as f64;
+                (d + p, a + p.abs())
+            })
+    };
+    let act = |g: f64| {
+        if gelu {
+            let inner = 0.797_884_560_802_865_4 * (g + 0.044715 * g * g * g);
+            0.5 * g * (1.0 + inner.tanh())
+        } else {
+            g / (1.0 + (-g).exp())
+        }
+    };
+    let mut worst = 0f64;
+    for n in 0..half {
+        for r in 0..m {
+            let ((g, mag_g), (u, mag_u)) = (dot(n, r), dot(n + half, r));
+            let (dg, du) = (GEMV_TOL * mag_g, GEMV_TOL * mag_u);
+            let want = act(g) * u;
+            let bound = 1.2 * dg * (u.abs() + du) + act(g).abs() * du + 1e-5 * want.abs();
+            let err = (y[r * half + n] as f64 - want).abs() / bound.max(1e-30);
+            worst = if err.is_nan() {
+                f64::INFINITY
+            } else {
+                worst.max(err)
+            };
+        }
+    }
+    worst
 }
 
 /// The worst error of `y` (`[m, rows]`) against `x W^T` computed in f64 from `reference` (`W`,

@@ -33,6 +33,7 @@ use crate::formats::{
     BlockDecode, CHUNK_ELEMS, ChunkForm, FACTOR_BIASES, FACTOR_OFFSETS, FACTOR_SCALES,
     decode_values,
 };
+use crate::glu::{GLU_GELU, GLU_NONE, glu_act};
 use cubecl::prelude::*;
 
 /// The GEMV kernel. `x` is `[m, cols]` row-major f32, `y` is `[m, rows]`, `w` holds `rows`
@@ -137,6 +138,143 @@ pub fn gemv<F: BlockDecode>(
     }
 }
 
+/// [`gemv`] with a gated-activation epilogue (`glu`: [`crate::glu::GLU_GELU`] or
+/// [`crate::glu::GLU_SILU`]; [`GLU_NONE`] gives [`gemv`]'s values): `w` is a stacked gate/up
+/// projection of `rows = 2 * half` rows and `y` is `[m, half]`; each of the cube's row slots
+/// sums the gate row `n` and the up row `n + half` and stores `act(gate) * up`. A kernel of
+/// its own so that [`gemv`]'s shaders stay as they were (the driver's shader caches keep
+/// them).
+#[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_glu<F: BlockDecode>(
+    w: &[u32],
+    grid: &[u32],
+    x: &[f32],
+    y: &mut [f32],
+    rows: u32,
+    cols: u32,
+    m: u32,
+    #[comptime] m_pass: u32,
+    #[comptime] lanes: u32,
+    #[comptime] rows_per_cube: u32,
+    #[comptime] plane: bool,
+    #[comptime] glu: u32,
+) {
+    let lane = UNIT_POS_X;
+    let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
+    let row = cube * rows_per_cube + UNIT_POS_Y;
+    let block_elems = comptime!(F::BLOCK_ELEMS);
+    let block_bytes = comptime!(F::BLOCK_BYTES);
+    let chunks = comptime!(F::CHUNKS);
+    // Weight rows summed per output row (gate and up with an epilogue) and output rows.
+    let parts = comptime!(if glu == GLU_NONE { 1u32 } else { 2u32 });
+    let out_rows = rows / parts;
+    let blocks = cols / block_elems;
+    // Units past the last row do no work but still take part in the reduction below.
+    let n_chunks = select(row < out_rows, blocks * chunks, 0u32);
+    let row_bytes = blocks * block_bytes;
+
+    let mut acc = Array::<f32>::new(comptime!((parts * m_pass) as usize));
+    #[unroll]
+    for i in 0..comptime!(parts * m_pass) {
+        acc[i as usize] = 0.0;
+    }
+    let mut vals = Array::<f32>::new(comptime!(F::FORM.out_len() as usize));
+    let mut c = lane;
+    while c < n_chunks {
+        let b = c / chunks;
+        let k = c % chunks;
+        let xb = b * block_elems + k * comptime!(CHUNK_ELEMS);
+        #[unroll]
+        for h in 0..parts {
+            let start = (row + h * out_rows) * row_bytes + b * block_bytes;
+            decode_values::<F>(w, grid, start, k, &mut vals);
+            #[unroll]
+            for r in 0..m_pass {
+                // Rows past `m` (padding up to `m_pass`) repeat the last row and are not stored.
+                let xo = select(r < m, r, m - 1) * cols + xb;
+                let mut s = 0.0f32;
+                #[unroll]
+                for j in 0..comptime!(CHUNK_ELEMS) {
+                    s += vals[j as usize] * x[(xo + j) as usize];
+                }
+                acc[(h * m_pass + r) as usize] += s;
+            }
+        }
+        c += lanes;
+    }
+
+    if comptime!(lanes == 1) {
+        // One unit per row: the partials are the row's sums.
+        if row < out_rows {
+            store_rows(y, &acc, row, out_rows, m, m_pass, glu);
+        }
+    } else if comptime!(plane) {
+        let mut total = Array::<f32>::new(comptime!((parts * m_pass) as usize));
+        #[unroll]
+        for i in 0..comptime!(parts * m_pass) {
+            total[i as usize] = plane_sum(acc[i as usize]);
+        }
+        if lane == 0 && row < out_rows {
+            store_rows(y, &total, row, out_rows, m, m_pass, glu);
+        }
+    } else {
+        // One barrier: every lane stores its partials, then lane 0 of each row adds them up
+        // (fewer barriers than a tree reduction, which matters on lavapipe where a barrier
+        // splits the shader).
+        let values = comptime!(parts * m_pass);
+        let mut smem =
+            Shared::<[f32]>::new_slice(comptime!((values * lanes * rows_per_cube) as usize));
+        let base = UNIT_POS_Y * lanes;
+        let stride = comptime!(lanes * rows_per_cube);
+        #[unroll]
+        for i in 0..values {
+            smem[(i * stride + base + lane) as usize] = acc[i as usize];
+        }
+        sync_cube();
+        if lane == 0 && row < out_rows {
+            let mut total = Array::<f32>::new(comptime!(values as usize));
+            #[unroll]
+            for i in 0..values {
+                let mut t = 0.0f32;
+                #[unroll]
+                for l in 0..lanes {
+                    t += smem[(i * stride + base + l) as usize];
+                }
+                total[i as usize] = t;
+            }
+            store_rows(y, &total, row, out_rows, m, m_pass, glu);
+        }
+    }
+}
+
+/// Stores output row `row` of `y` (`[m, out_rows]`) from its sums `total` (`[parts, m_pass]`:
+/// the row's own, or the gate's then the up's with a `glu` epilogue), activation rows below
+/// `m` only.
+#[cube]
+fn store_rows(
+    y: &mut [f32],
+    total: &Array<f32>,
+    row: u32,
+    out_rows: u32,
+    m: u32,
+    #[comptime] m_pass: u32,
+    #[comptime] glu: u32,
+) {
+    #[unroll]
+    for r in 0..m_pass {
+        if r < m {
+            let v = if comptime!(glu == GLU_NONE) {
+                total[r as usize]
+            } else {
+                glu_act(total[r as usize], comptime!(glu == GLU_GELU))
+                    * total[(m_pass + r) as usize]
+            };
+            y[(r * out_rows + row) as usize] = v;
+        }
+    }
+}
+
 /// Four words or four floats: one load instruction.
 pub type Vec4<T> = Vector<T, Const<4>>;
 
@@ -147,6 +285,11 @@ pub type Vec4<T> = Vector<T, Const<4>>;
 /// `[m, rows]`. Unit `l` of cube `c` owns rows `c * lanes * own_rows + j * lanes + l` for
 /// `j < own_rows` (CubeDim `(lanes, 1)`); with `plane`, `lanes` is the device's plane width.
 /// Activation rows go in `ceil(m / m_pass)` passes.
+///
+/// With a `glu` epilogue (as [`gemv_glu`]'s: `w` a stacked gate/up projection of `rows = 2 * half`
+/// rows, `y` `[m, half]`) unit `l` of cube `c` owns output rows
+/// `n = c * lanes * own_rows / 2 + j * lanes + l` for `j < own_rows / 2`, and sums weight rows
+/// `n` and `n + half` for each.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_rows<F: BlockDecode>(
@@ -161,10 +304,12 @@ pub fn gemv_rows<F: BlockDecode>(
     #[comptime] lanes: u32,
     #[comptime] plane: bool,
     #[comptime] own_rows: u32,
+    #[comptime] glu: u32,
 ) {
     let lane = UNIT_POS_X;
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
-    let first = cube * comptime!(lanes * own_rows) + lane;
+    let parts = comptime!(if glu == GLU_NONE { 1u32 } else { 2u32 });
+    let first = cube * comptime!(lanes * own_rows / parts) + lane;
     let grid_words = comptime!(F::GRID.len_words() as u32);
     comptime!(assert!(
         grid_words <= LOCAL_GRID_MAX_WORDS,
@@ -193,6 +338,7 @@ pub fn gemv_rows<F: BlockDecode>(
         lanes,
         plane,
         own_rows,
+        glu,
     );
 }
 
@@ -225,8 +371,9 @@ pub const LOCAL_GRID_MAX_WORDS: u32 = 1024;
 /// difference either way in earlier runs.
 pub const OWN_ROWS_M: u32 = 4;
 
-/// `y[0..m]` for the unit's rows, the activation rows in passes of `m_pass` (the unrolled code
-/// and the registers it holds grow with it); each pass reads the weights once.
+/// `y[0..m]` for the unit's rows (output rows `first + j * lanes`; each sums `parts` weight
+/// rows, see [`unit_row`]), the activation rows in passes of `m_pass` (the unrolled code and
+/// the registers it holds grow with it); each pass reads the weights once.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn rows_passes<F: BlockDecode>(
@@ -242,7 +389,10 @@ fn rows_passes<F: BlockDecode>(
     #[comptime] lanes: u32,
     #[comptime] plane: bool,
     #[comptime] own_rows: u32,
+    #[comptime] glu: u32,
 ) {
+    let parts = comptime!(if glu == GLU_NONE { 1u32 } else { 2u32 });
+    let out_rows = rows / parts;
     let blocks = cols / comptime!(F::BLOCK_ELEMS);
     let row_bytes = blocks * comptime!(F::BLOCK_BYTES);
     // Whole groups of STAGE_BLOCKS blocks, then (when the row has a remainder) single blocks.
@@ -257,22 +407,30 @@ fn rows_passes<F: BlockDecode>(
         }
         rows_blocks::<F>(
             w, grid, x, &mut acc, rows, cols, m, row_bytes, first, r0, 0, grouped, m_pass, lanes,
-            plane, own_rows, group,
+            plane, own_rows, group, parts,
         );
         if comptime!(group > 1) {
             rows_blocks::<F>(
                 w, grid, x, &mut acc, rows, cols, m, row_bytes, first, r0, grouped, blocks, m_pass,
-                lanes, plane, own_rows, 1u32,
+                lanes, plane, own_rows, 1u32, parts,
             );
         }
+        let slots = comptime!(own_rows / parts);
         #[unroll]
-        for j in 0..own_rows {
+        for j in 0..slots {
             let row = first + j * lanes;
-            if row < rows {
+            if row < out_rows {
                 #[unroll]
                 for r in 0..m_pass {
                     if r0 + r < m {
-                        y[((r0 + r) * rows + row) as usize] = acc[(j * m_pass + r) as usize];
+                        let v = acc[(j * m_pass + r) as usize];
+                        let v = if comptime!(glu == GLU_NONE) {
+                            v
+                        } else {
+                            let up = acc[((j + slots) * m_pass + r) as usize];
+                            glu_act(v, comptime!(glu == GLU_GELU)) * up
+                        };
+                        y[((r0 + r) * out_rows + row) as usize] = v;
                     }
                 }
             }
@@ -284,6 +442,14 @@ fn rows_passes<F: BlockDecode>(
 /// Accumulates blocks `start..end` (a multiple of `group` apart) of the unit's rows, for
 /// activation rows `r0..r0 + m_pass`, into `acc` (`[own_rows, m_pass]`), `group` blocks per
 /// step; rows at or past `m` repeat row `m - 1` (in bounds; the caller does not store them).
+///
+/// The step is unrolled (lavapipe does not unroll runtime loops, and indexing the register
+/// arrays with a loop counter halved Gemma 3's decode), but each activation row's loads and
+/// each chunk sit in their own `if b < end` block, a condition the enclosing loop already
+/// holds (the driver folds it): a scope for CubeCL's common-subexpression pass, which looks
+/// every expression up in a list of those of its enclosing scopes, so its cost grows with the
+/// square of a scope's size. CubeCL took 5.5-7.1 s to build Q4_K's 4-row shader without them
+/// and 1.7-2.0 s with them, in every fresh process (`cargo xtask kernel-gen`; docs/decode.md).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn rows_blocks<F: BlockDecode>(
@@ -304,6 +470,7 @@ fn rows_blocks<F: BlockDecode>(
     #[comptime] plane: bool,
     #[comptime] own_rows: u32,
     #[comptime] group: u32,
+    #[comptime] parts: u32,
 ) {
     let lane = UNIT_POS_X;
     let block_elems = comptime!(F::BLOCK_ELEMS);
@@ -322,11 +489,11 @@ fn rows_blocks<F: BlockDecode>(
     // For chunks with offsets or biases, the sums of each `sum_elems` activations of the step
     // (8 or 16, [`ChunkForm::sum_elems`]), `xsum[r * groups + g]`.
     let sum_elems = comptime!(F::FORM.sum_elems());
+    // A divisor for the sums' index, 1 for forms without sums (which do not read them).
+    let sum_div = comptime!(if sum_elems > 0 { sum_elems } else { 1 });
     let groups = comptime!(F::FORM.sum_groups(step_elems));
     let xsum_len = comptime!(if groups > 0 { m_pass * groups } else { 1 });
     let mut xsum = Array::<f32>::new(comptime!(xsum_len as usize));
-    // Rows past the last compute on the last row (in bounds) and are not stored.
-    let last = rows - 1;
     // The unit's offset among the plane's activation loads (none when it loads them all).
     let lane_off = lane * comptime!(if plane { 1u32 } else { 0u32 });
     let mut b = start;
@@ -337,43 +504,49 @@ fn rows_blocks<F: BlockDecode>(
         let xv = (b * block_elems) / 4;
         #[unroll]
         for r in 0..m_pass {
-            let xr = select(r0 + r < m, r0 + r, m - 1);
-            #[unroll]
-            for i in 0..held {
-                let v = x[(xr * (cols / 4) + xv + lane_off + i * share) as usize];
-                #[unroll]
-                for c in 0..4u32 {
-                    let e = comptime!(4 * i * share + c);
-                    xs[(r * step_elems + e) as usize] = v.extract(c as usize);
-                }
-            }
-            if comptime!(plane) {
-                // Lane `l`'s vectors land at `4 * (i * share + l)`; fill in the other lanes'
-                // slots from their owners, in place (each slot is read before it is written).
+            // Always true: a scope for CubeCL's CSE (see above).
+            if b < end {
+                let xr = select(r0 + r < m, r0 + r, m - 1);
+                let xo = r * step_elems;
                 #[unroll]
                 for i in 0..held {
+                    let v = x[(xr * (cols / 4) + xv + lane_off + i * share) as usize];
                     #[unroll]
                     for c in 0..4u32 {
-                        let own = xs[(r * step_elems + comptime!(4 * i * share + c)) as usize];
+                        xs[(xo + 4 * i * share + c) as usize] = v.extract(c as usize);
+                    }
+                }
+                if comptime!(plane) {
+                    // Lane `l`'s vectors land at `4 * (i * share + l)`; fill in the other
+                    // lanes' slots from their owners, in place (each slot is read before it
+                    // is written).
+                    #[unroll]
+                    for i in 0..held {
                         #[unroll]
-                        for l in 0..share {
-                            let e = comptime!(4 * (i * share + l) + c);
-                            xs[(r * step_elems + e) as usize] = plane_broadcast(own, l);
+                        for c in 0..4u32 {
+                            let own = xs[(xo + 4 * i * share + c) as usize];
+                            #[unroll]
+                            for l in 0..share {
+                                let e = xo + 4 * (i * share + l) + c;
+                                xs[e as usize] = plane_broadcast(own, l);
+                            }
                         }
                     }
                 }
-            }
-            #[unroll]
-            for g in 0..groups {
-                let e = comptime!(r * step_elems + sum_elems * g);
-                xsum[(r * groups + g) as usize] = sum_pairs(&xs, e, sum_elems);
+                if comptime!(groups > 0) {
+                    #[unroll]
+                    for g in 0..groups {
+                        xsum[(r * groups + g) as usize] =
+                            sum_pairs(&xs, xo + sum_elems * g, sum_elems);
+                    }
+                }
             }
         }
         // A runtime loop over the unit's rows (one copy of the step's code, so compile time
         // does not grow with `own_rows`), each row summed in registers and added to its
         // accumulators once per step.
         for j in 0..own_rows {
-            let row = select(first + j * lanes < last, first + j * lanes, last);
+            let row = unit_row(first, j, rows, lanes, own_rows, parts);
             stage_vec4(
                 w,
                 row * row_bytes + b * block_bytes,
@@ -390,30 +563,20 @@ fn rows_blocks<F: BlockDecode>(
             for g in 0..group {
                 #[unroll]
                 for k in 0..comptime!(F::CHUNKS) {
-                    F::decode_chunk(
-                        staged.as_slice(),
-                        grid,
-                        comptime!(g * block_bytes),
-                        k,
-                        &mut vals,
-                    );
-                    let e0 = comptime!(g * block_elems + k * CHUNK_ELEMS);
-                    if comptime!(F::FORM.factored()) {
-                        factored_chunk(
-                            &vals,
-                            &xs,
-                            &xsum,
-                            &mut sums,
-                            e0,
-                            m_pass,
-                            step_elems,
-                            comptime!(F::FORM),
-                        );
-                    } else {
+                    // Always true: a scope for CubeCL's CSE (see above).
+                    if b < end {
+                        F::decode_chunk(staged.as_slice(), grid, g * block_bytes, k, &mut vals);
+                        let e0 = g * block_elems + k * comptime!(CHUNK_ELEMS);
                         #[unroll]
                         for r in 0..m_pass {
-                            let x0 = comptime!(r * step_elems + e0);
-                            sums[r as usize] += dot_chains(&vals, &xs, 0u32, x0, CHUNK_ELEMS);
+                            let x0 = r * step_elems + e0;
+                            if comptime!(F::FORM.factored()) {
+                                let s0 = r * groups + e0 / sum_div;
+                                let f = comptime!(F::FORM);
+                                sums[r as usize] += factored_chunk(&vals, &xs, &xsum, x0, s0, f);
+                            } else {
+                                sums[r as usize] += dot_chains(&vals, &xs, 0u32, x0, CHUNK_ELEMS);
+                            }
                         }
                     }
                 }
@@ -427,54 +590,67 @@ fn rows_blocks<F: BlockDecode>(
     }
 }
 
-/// Adds a factored chunk ([`crate::formats::ChunkForm`]) at element `e0` of the step to
-/// `sums[r]` for each activation row `r`: per half-chunk `h`,
-/// `scale_h * (sum_e q_e x_e + sum_g offset_g xsum_g)` with offsets (`ScaledOffsets`; none for
-/// `Scaled`), `scale_h * sum_e q_e x_e + bias_h * xsum_h` with biases (`ScaledBiases`), so each
-/// weight costs one fused multiply-add ([`dot_chains`] per half). `xsum` holds the step's sums
-/// of [`ChunkForm::sum_elems`] activations per row.
+/// The weight row of the unit's row slot `j < own_rows` in the own-rows layout: output row
+/// `first + (j % slots) * lanes` with `slots = own_rows / parts`, and of a stacked gate/up
+/// projection (`parts` 2) its gate row for `j < slots`, its up row (`rows / 2` further) for the
+/// rest. Rows past the last compute on the last row (in bounds) and are not stored.
 #[cube]
-#[allow(clippy::too_many_arguments)]
+fn unit_row(
+    first: u32,
+    j: u32,
+    rows: u32,
+    #[comptime] lanes: u32,
+    #[comptime] own_rows: u32,
+    #[comptime] parts: u32,
+) -> u32 {
+    let slots = comptime!(own_rows / parts);
+    let row = first + (j % slots) * lanes + (j / slots) * (rows / parts);
+    select(row < rows, row, rows - 1)
+}
+
+/// A factored chunk ([`crate::formats::ChunkForm`]) against the activations at `xs[x0..]`:
+/// per half-chunk `h`, `scale_h * (sum_e q_e x_e + sum_g offset_g xsum_g)` with offsets
+/// (`ScaledOffsets`; none for `Scaled`), `scale_h * sum_e q_e x_e + bias_h * xsum_h` with
+/// biases (`ScaledBiases`), so each weight costs one fused multiply-add ([`dot_chains`] per
+/// half). `xsum[s0..]` holds the sums of [`ChunkForm::sum_elems`] activations of the chunk.
+#[cube]
 fn factored_chunk(
     vals: &Array<f32>,
     xs: &Array<f32>,
     xsum: &Array<f32>,
-    sums: &mut Array<f32>,
-    #[comptime] e0: u32,
-    #[comptime] m_pass: u32,
-    #[comptime] step_elems: u32,
+    x0: u32,
+    s0: u32,
     #[comptime] form: ChunkForm,
-) {
-    let groups = comptime!(form.sum_groups(step_elems));
+) -> f32 {
+    let mut sum = 0.0f32;
     #[unroll]
-    for r in 0..m_pass {
-        #[unroll]
-        for h in 0..2u32 {
-            let x0 = comptime!(r * step_elems + e0 + 16 * h);
-            let mut t = dot_chains(vals, xs, comptime!(16 * h), x0, 16u32);
-            if comptime!(form.offsets()) {
-                #[unroll]
-                for g in 0..2u32 {
-                    let gi = comptime!(2 * h + g);
-                    let xg = xsum[comptime!(r * groups + e0 / 8 + gi) as usize];
-                    t = fma(vals[comptime!(FACTOR_OFFSETS + gi) as usize], xg, t);
-                }
-            }
-            let scale = vals[comptime!(FACTOR_SCALES + h) as usize];
-            sums[r as usize] = fma(scale, t, sums[r as usize]);
-            if comptime!(form.biases()) {
-                let xh = xsum[comptime!(r * groups + e0 / 16 + h) as usize];
-                let bias = vals[comptime!(FACTOR_BIASES + h) as usize];
-                sums[r as usize] = fma(bias, xh, sums[r as usize]);
+    for h in 0..2u32 {
+        let mut t = dot_chains(vals, xs, comptime!(16 * h), x0 + 16 * h, 16u32);
+        if comptime!(form.offsets()) {
+            #[unroll]
+            for g in 0..2u32 {
+                let gi = comptime!(2 * h + g);
+                t = fma(
+                    vals[comptime!(FACTOR_OFFSETS + gi) as usize],
+                    xsum[(s0 + gi) as usize],
+                    t,
+                );
             }
         }
+        let scale = vals[comptime!(FACTOR_SCALES + h) as usize];
+        sum = fma(scale, t, sum);
+        if comptime!(form.biases()) {
+            let bias = vals[comptime!(FACTOR_BIASES + h) as usize];
+            sum = fma(bias, xsum[(s0 + h) as usize], sum);
+        }
     }
+    sum
 }
 
 /// `sum_i xs[e + i]` for `i < n` (a power of two: 8 or 16), added as a tree of pairs, not a
 /// chain.
 #[cube]
-fn sum_pairs(xs: &Array<f32>, #[comptime] e: u32, #[comptime] n: u32) -> f32 {
+fn sum_pairs(xs: &Array<f32>, e: u32, #[comptime] n: u32) -> f32 {
     let mut part = Array::<f32>::new(comptime!(n as usize));
     #[unroll]
     for i in 0..n {
@@ -499,7 +675,7 @@ fn dot_chains(
     vals: &Array<f32>,
     xs: &Array<f32>,
     #[comptime] v0: u32,
-    #[comptime] x0: u32,
+    x0: u32,
     #[comptime] n: u32,
 ) -> f32 {
     let mut s = Array::<f32>::new(4usize);

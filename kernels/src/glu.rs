@@ -11,6 +11,30 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 /// ggml's `GELU_COEF_A`.
 const GELU_COEF_A: f32 = 0.044_715;
 
+/// A GEMV epilogue code ([`crate::gemv::gemv_glu`], [`crate::gemv::gemv_rows`]): no epilogue.
+pub const GLU_NONE: u32 = 0;
+/// A GEMV epilogue code: `gelu_tanh(gate) * up` of a stacked gate/up projection.
+pub const GLU_GELU: u32 = 1;
+/// A GEMV epilogue code: `silu(gate) * up` of a stacked gate/up projection.
+pub const GLU_SILU: u32 = 2;
+
+/// The GEMV epilogue code of a gated activation: [`GLU_GELU`] with `gelu`, else [`GLU_SILU`].
+pub const fn glu_code(gelu: bool) -> u32 {
+    if gelu { GLU_GELU } else { GLU_SILU }
+}
+
+/// The gate's activation: ggml's GELU (tanh approximation, its argument clamped to ±15) with
+/// `gelu`, SiLU otherwise (see [`glu`]).
+#[cube]
+pub fn glu_act(x: f32, #[comptime] gelu: bool) -> f32 {
+    if comptime!(gelu) {
+        let inner = (x + x * x * x * GELU_COEF_A) * SQRT_2_OVER_PI;
+        x * (f32::tanh(clamp(inner, -15.0, 15.0)) + 1.0) * 0.5
+    } else {
+        x / (1.0 + f32::exp(-x))
+    }
+}
+
 /// One unit per element of `y` `[rows, width]`: `y[r, i] = act(gate[r * stride + i]) *
 /// up[r * stride + up_off + i]`, all f32. `gate` and `up` may be one buffer holding both halves
 /// of a stacked gate/up projection (`stride = 2 * width`, `up_off = width`), or two buffers of
@@ -35,13 +59,7 @@ pub fn glu(
     if i < rows * width {
         let r = i / width;
         let c = i % width;
-        let x = gate[(r * stride + c) as usize];
-        let a = if comptime!(gelu) {
-            let inner = (x + x * x * x * GELU_COEF_A) * SQRT_2_OVER_PI;
-            x * (f32::tanh(clamp(inner, -15.0, 15.0)) + 1.0) * 0.5
-        } else {
-            x / (1.0 + f32::exp(-x))
-        };
+        let a = glu_act(gate[(r * stride + c) as usize], gelu);
         y[i as usize] = a * up[(r * stride + up_off + c) as usize];
     }
 }

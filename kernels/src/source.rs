@@ -3,7 +3,7 @@
 //! naga on every native API), SPIR-V (CubeCL's own SPIR-V compiler: Burn's `vulkan` feature) and
 //! MSL (CubeCL's C++ compiler with the Metal dialect: Burn's `metal` feature).
 use crate::formats::*;
-use crate::{GemvConfig, KernelError, dequantize, gemv, with_format};
+use crate::{GemvConfig, KernelError, dequantize, gemv, glu, with_format};
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::{Compiler, WgpuCompilationOptions};
@@ -15,6 +15,9 @@ pub enum Variant {
     /// Fused GEMV whose unrolled code holds `m_pass` activation rows
     /// ([`GemvConfig::pass_rows`]; it serves every `m` with that pass width).
     Gemv { config: GemvConfig, m_pass: u32 },
+    /// The fused GEMV of a stacked gate/up projection with the gated activation as its
+    /// epilogue ([`crate::launch_gemv_glu`]), GELU (SiLU differs in the activation alone).
+    GemvGlu { config: GemvConfig, m_pass: u32 },
     /// Dequantize rows by id.
     DequantizeRows,
 }
@@ -96,7 +99,21 @@ pub fn source(
             let (lanes, own_rows, plane) = config.kernel_args();
             gemv::gemv_rows::create_dummy_kernel::<F>(
                 props, target_props, one, config.cube_dim(), arg(), arg(), arg(), arg(), 1u32,
-                F::BLOCK_ELEMS, m_pass, m_pass, lanes, plane, own_rows,
+                F::BLOCK_ELEMS, m_pass, m_pass, lanes, plane, own_rows, glu::GLU_NONE,
+            ).define()
+        }
+        Variant::GemvGlu { config: config @ GemvConfig::Split { .. }, m_pass } => {
+            let (lanes, rows_per_cube, plane) = config.kernel_args();
+            gemv::gemv_glu::create_dummy_kernel::<F>(
+                props, target_props, one, config.cube_dim(), arg(), arg(), arg(), arg(), 2u32,
+                F::BLOCK_ELEMS, m_pass, m_pass, lanes, rows_per_cube, plane, glu::GLU_GELU,
+            ).define()
+        }
+        Variant::GemvGlu { config: config @ GemvConfig::OwnRows { .. }, m_pass } => {
+            let (lanes, own_rows, plane) = config.kernel_args();
+            gemv::gemv_rows::create_dummy_kernel::<F>(
+                props, target_props, one, config.cube_dim(), arg(), arg(), arg(), arg(), 2u32,
+                F::BLOCK_ELEMS, m_pass, m_pass, lanes, plane, own_rows, glu::GLU_GELU,
             ).define()
         }
         Variant::DequantizeRows => dequantize::dequantize_rows::create_dummy_kernel::<F>(

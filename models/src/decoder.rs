@@ -25,7 +25,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor};
 use burn_gguf::{
     AttentionShape, GgmlEmbedding, GgmlExperts, GgmlLinear, GgufLoader, QkNorm, QkRopeShape,
-    RopeTable, add_rms_norm, attention, gated, gated_stacked, qk_rope_cache,
+    RopeTable, add_rms_norm, attention, gated, qk_rope_cache,
 };
 use gguf::GgufFile;
 use std::sync::Mutex;
@@ -671,7 +671,7 @@ impl Decoder {
             let (x_mid, h_ffn) = add_rms_norm(x, o, post.map(|[a, _]| a), &l.ffn_norm, eps);
             let d = match &l.ffn {
                 Ffn::Dense { gate_up, down } => down.forward(match gate_up {
-                    GateUp::Stacked(w) => gated_stacked(w.forward(h_ffn), c.activation),
+                    GateUp::Stacked(w) => w.forward_gated(h_ffn, c.activation),
                     GateUp::Each(gate, up) => {
                         gated(gate.forward(h_ffn.clone()), up.forward(h_ffn), c.activation)
                     }

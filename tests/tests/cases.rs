@@ -207,6 +207,7 @@ fn c29_more_than_65535_workgroups() {
         rows,
         cols,
         config,
+        ggml_kernels::GemvLaunch::default(),
         &x,
         &reference,
     )

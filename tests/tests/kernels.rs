@@ -616,3 +616,41 @@ fn top_k_kernel() {
         );
     }
 }
+
+/// The GEMV with the gated activation as its epilogue ([`GgmlTensor::matmul_t_gated`], one
+/// kernel) against `act(x W_gate^T) * (x W_up^T)` in f64 from the codec's weights
+/// (`ggml_kernels::check::gemv_glu_error_of`), for both activations and 1, 2, 5 and 8
+/// activation rows, on the fixture blocks of the types of llama.cpp's Q4_K_M mix viewed as a
+/// stacked gate/up projection of 2 x 62 rows (a workgroup's rows not all used).
+#[test]
+fn gated_gemv_kernel() {
+    let device = burn_gguf::default_device();
+    let (rows, cols) = (124usize, 256usize);
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let bytes = fixture(&ty.to_string());
+        let n = rows * ty.row_bytes(cols as u64).unwrap() as usize;
+        let bytes = &bytes[..n];
+        let reference = ggml_codec::dequantize_to_vec(ty, bytes, rows * cols).expect("codec");
+        let t = GgmlTensor::from_bytes(bytes, ty, [rows, cols], &device).expect("upload");
+        for (seed, m) in [1usize, 2, 5, 8].into_iter().enumerate() {
+            let gelu = seed % 2 == 0;
+            let x = rand_vec(m * cols, 300 + seed as u64);
+            let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, cols]), &device);
+            let y = to_vec(
+                t.matmul_t_gated(xt, gelu)
+                    .expect("one buffer, 8 rows at most"),
+            );
+            assert_eq!(y.len(), m * rows / 2, "{ty} m={m}: output length");
+            let err = ggml_kernels::check::gemv_glu_error_of(&y, &x, &reference, rows, cols, gelu);
+            assert!(
+                err <= 1.0,
+                "{ty} m={m} gelu={gelu}: error {err} x the bound"
+            );
+        }
+    }
+}

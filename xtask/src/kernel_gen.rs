@@ -43,9 +43,24 @@ fn variants(client: &cubecl::client::Client) -> Vec<(String, Variant)> {
         for m_pass in config.pass_widths() {
             let name = format!("gemv_{}_p{m_pass}", config.name().replace('-', "_"));
             out.push((name, Variant::Gemv { config, m_pass }));
+            let name = format!("gemv_glu_{}_p{m_pass}", config.name().replace('-', "_"));
+            out.push((name, Variant::GemvGlu { config, m_pass }));
         }
     }
     out
+}
+
+/// Whether `variant` is generated for `ty`: the gated-activation epilogue only for the types of
+/// `kernel-test`'s check of it (llama.cpp's Q4_K_M mix; the epilogue does not depend on the
+/// type).
+fn generated_for(ty: GgmlType, variant: &Variant) -> bool {
+    const GLU_TYPES: [GgmlType; 4] = [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
+    !matches!(variant, Variant::GemvGlu { .. }) || GLU_TYPES.contains(&ty)
 }
 
 fn validate_wgsl(src: &[u8]) -> Result<&'static str, String> {
@@ -78,7 +93,7 @@ fn spirv_val(file: &Path) -> Option<Result<(), String>> {
 /// Writes one file per variant and target into `out/<target>/` and validates it; prints the
 /// variant list with sizes. Returns the number of variants that failed to compile, or whose
 /// WGSL failed validation.
-pub fn run(out: &Path, targets: &[Target]) -> Result<usize, String> {
+pub fn run(out: &Path, targets: &[Target], only: Option<GgmlType>) -> Result<usize, String> {
     let device = burn_gguf::default_device();
     let client =
         burn_gguf::cube_client(&device).ok_or("the default device is not a CubeCL device")?;
@@ -86,7 +101,7 @@ pub fn run(out: &Path, targets: &[Target]) -> Result<usize, String> {
     let types: Vec<GgmlType> = GgmlType::all()
         .iter()
         .copied()
-        .filter(|t| ggml_kernels::supports(*t))
+        .filter(|t| ggml_kernels::supports(*t) && only.is_none_or(|o| o == *t))
         .collect();
     let (mut total, mut failed) = (0usize, 0usize);
     let mut spirv_rejected: Vec<String> = Vec::new();
@@ -94,14 +109,16 @@ pub fn run(out: &Path, targets: &[Target]) -> Result<usize, String> {
         let dir = out.join(target.extension());
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for &ty in &types {
-            for (name, variant) in &variants {
+            for (name, variant) in variants.iter().filter(|(_, v)| generated_for(ty, v)) {
                 total += 1;
                 let file_name =
                     format!("{}_{name}.{}", ty.name().to_lowercase(), target.extension());
                 let file = dir.join(&file_name);
+                let t = std::time::Instant::now();
                 let verdict = source(&client, ty, *variant, target)
                     .map_err(|e| e.to_string())
                     .and_then(|src| {
+                        let compile_s = t.elapsed().as_secs_f64();
                         std::fs::write(&file, &src)
                             .map_err(|e| format!("{}: {e}", file.display()))?;
                         let note = match target {
@@ -116,10 +133,19 @@ pub fn run(out: &Path, targets: &[Target]) -> Result<usize, String> {
                             },
                             Target::Msl => "written",
                         };
-                        Ok((src.len(), note))
+                        Ok((
+                            src.len(),
+                            compile_s,
+                            t.elapsed().as_secs_f64() - compile_s,
+                            note,
+                        ))
                     });
                 match verdict {
-                    Ok((bytes, note)) => println!("{file_name:<52} {bytes:>8} bytes  {note}"),
+                    Ok((bytes, compile_s, check_s, note)) => println!(
+                        "{file_name:<52} {bytes:>8} bytes {:>8.1} ms {:>7.1} ms  {note}",
+                        compile_s * 1e3,
+                        check_s * 1e3
+                    ),
                     Err(e) => {
                         failed += 1;
                         println!("{file_name:<52} FAILED: {e}");
@@ -137,8 +163,8 @@ pub fn run(out: &Path, targets: &[Target]) -> Result<usize, String> {
         );
     }
     println!(
-        "\n{total} variant sources ({} types x {} variants x {} targets) written to {}, {} ok, \
-         {failed} failed",
+        "\n{total} variant sources ({} types x up to {} variants x {} targets) written to {}, \
+         {} ok, {failed} failed",
         types.len(),
         variants.len(),
         targets.len(),

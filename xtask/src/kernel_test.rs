@@ -3,9 +3,19 @@
 //! failure.
 use burn::tensor::{Tensor, TensorData};
 use burn_gguf::GgmlTensor;
-use ggml_kernels::GemvConfig;
 use ggml_kernels::check::{dequantize_error, gemv_error, rand_f32};
+use ggml_kernels::{GemvConfig, GemvLaunch};
 use gguf::GgmlType;
+
+/// The types the GEMV's gated-activation epilogue is checked on (llama.cpp's Q4_K_M mix): the
+/// epilogue and its row mapping do not depend on the type, the staging and decoding they wrap
+/// do and are covered for every type by the plain GEMV.
+const GLU_TYPES: [GgmlType; 4] = [
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
 
 /// Blocks for `rows` x `cols` of `ty`: codec-quantized random values where a quantizer exists,
 /// else random bytes, each block redrawn until it decodes to finite values (no NaN/Inf scales).
@@ -104,11 +114,54 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
         }
         if wants("gemv") {
             for config in GemvConfig::variants(&client) {
+                let launch = GemvLaunch::default();
                 for m in config.test_rows() {
                     let x = rand_f32(m * cols, m as u64);
-                    let e = gemv_error(&client, t, &bytes, rows, cols, config, &x, &reference)
-                        .map_err(|e| e.to_string());
+                    let e = gemv_error(
+                        &client, t, &bytes, rows, cols, config, launch, &x, &reference,
+                    )
+                    .map_err(|e| e.to_string());
                     let v = format!("{t} gemv {} m={m}", config.name());
+                    push(v, format!("{m}x{cols} . {rows}x{cols}"), e);
+                }
+                // Several rows in single-row passes of the decode shader (`GemvLaunch`).
+                if matches!(config, GemvConfig::OwnRows { .. }) {
+                    let m = 5;
+                    let launch = GemvLaunch {
+                        pass_rows: Some(1),
+                        ..launch
+                    };
+                    let x = rand_f32(m * cols, 50);
+                    let e = gemv_error(
+                        &client, t, &bytes, rows, cols, config, launch, &x, &reference,
+                    )
+                    .map_err(|e| e.to_string());
+                    let v = format!("{t} gemv {} m={m} in 1-row passes", config.name());
+                    push(v, format!("{m}x{cols} . {rows}x{cols}"), e);
+                }
+            }
+        }
+        // The gated-activation epilogue (a stacked gate/up projection of 2 x 31 rows: a cube
+        // not full) on the types of llama.cpp's Q4_K_M mix: GELU and SiLU alternating.
+        if wants("gemv") && GLU_TYPES.contains(&t) {
+            let (rows, cols) = (62, 512);
+            let bytes = input(t, rows, cols, t.id() as u64 + 21)?;
+            let reference =
+                ggml_codec::dequantize_to_vec(t, &bytes, rows * cols).map_err(|e| e.to_string())?;
+            for config in GemvConfig::variants(&client) {
+                for m in config.test_rows() {
+                    let gelu = m % 2 == 1;
+                    let x = rand_f32(m * cols, m as u64 + 9);
+                    let launch = GemvLaunch {
+                        pass_rows: None,
+                        glu: Some(gelu),
+                    };
+                    let e = gemv_error(
+                        &client, t, &bytes, rows, cols, config, launch, &x, &reference,
+                    )
+                    .map_err(|e| e.to_string());
+                    let act = if gelu { "gelu" } else { "silu" };
+                    let v = format!("{t} gemv+{act} {} m={m}", config.name());
                     push(v, format!("{m}x{cols} . {rows}x{cols}"), e);
                 }
             }
@@ -122,8 +175,9 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
                 .map_err(|e| e.to_string())?;
             let x = rand_f32(big_cols, 3);
             let config = GemvConfig::SHARED_ONE_ROW;
+            let launch = GemvLaunch::default();
             let e = gemv_error(
-                &client, t, &bytes, big_rows, big_cols, config, &x, &reference,
+                &client, t, &bytes, big_rows, big_cols, config, launch, &x, &reference,
             )
             .map_err(|e| e.to_string());
             push(

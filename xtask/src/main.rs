@@ -40,6 +40,9 @@ enum Command {
         /// Output folder.
         #[arg(long)]
         out: std::path::PathBuf,
+        /// Only this ggml type (e.g. Q4_K).
+        #[arg(long = "type")]
+        ggml_type: Option<gguf::GgmlType>,
     },
     /// Run every kernel variant (ggml type x op x comptime parameters x activation rows) on the
     /// wgpu device against the CPU codec; prints a table and fails if any variant does.
@@ -78,9 +81,13 @@ fn main() -> ExitCode {
         Command::FetchModel { name, list } => {
             fetch_model(name.as_deref(), list).map_err(|e| e.to_string())
         }
-        Command::KernelGen { target, out } => {
+        Command::KernelGen {
+            target,
+            out,
+            ggml_type,
+        } => {
             let targets = target.map_or(ggml_kernels::source::Target::ALL.to_vec(), |t| vec![t]);
-            kernel_gen::run(&out, &targets).and_then(|failed| match failed {
+            kernel_gen::run(&out, &targets, ggml_type).and_then(|failed| match failed {
                 0 => Ok(()),
                 n => Err(format!("{n} kernel variants failed to compile or validate")),
             })

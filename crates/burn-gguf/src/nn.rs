@@ -468,6 +468,25 @@ impl GgmlLinear {
         out_dims[D - 1] = out;
         y.reshape(out_dims)
     }
+
+    /// `act(gate) * up` of this layer as a stacked gate/up projection (its weight `[2 * width,
+    /// in]`: `ffn_gate`'s rows, then `ffn_up`'s; [`crate::GgufLoader::stacked_linear`]): `x`
+    /// `[n, in]` f32 -> `[n, width]`. A packed weight on a CubeCL device without a bias runs
+    /// one GEMV with the activation as its epilogue ([`GgmlTensor::matmul_t_gated`]); else
+    /// [`Self::forward`] and [`gated_stacked`], the same values.
+    ///
+    /// # Panics
+    /// If `x`'s last dimension is not the layer's input size or the output size is odd (a
+    /// programming error in the caller's shapes).
+    pub fn forward_gated(&self, x: Tensor<2>, act: Activation) -> Tensor<2> {
+        if let (Weight::Packed(t), None) = (&self.weight, &self.bias)
+            && is_cube(&x.device())
+            && let Some(y) = t.matmul_t_gated(x.clone(), act == Activation::GeluTanh)
+        {
+            return y;
+        }
+        gated_stacked(self.forward(x), act)
+    }
 }
 
 /// Token embedding `[vocab, dim]` over a ggml weight: a lookup dequantizes only the rows it

@@ -31,6 +31,25 @@ pub trait GgmlOps: burn::backend::Backend {
         cols: usize,
     ) -> FloatTensor<Self>;
 
+    /// [`GgmlOps::ggml_gemv`] of a stacked gate/up projection with the gated activation as its
+    /// epilogue, one kernel ([`ggml_kernels::launch_gemv_glu`]): `w` holds `rows = 2 * width`
+    /// rows (the gate's, then up's), `x` `[m, cols]` f32 (m in 1..=8) -> `[m, width]` f32,
+    /// `act(x W_gate^T) * (x W_up^T)` with ggml's GELU (tanh approximation) when `gelu`, else
+    /// SiLU.
+    #[fusion(dtype = x, shape = {
+        let m = x.num_elements() / (*cols).max(1);
+        burn::tensor::Shape::new([m, *rows / 2])
+    })]
+    fn ggml_gemv_glu(
+        w: IntTensor<Self>,
+        grid: IntTensor<Self>,
+        x: FloatTensor<Self>,
+        ggml_type: GgmlType,
+        rows: usize,
+        cols: usize,
+        gelu: bool,
+    ) -> FloatTensor<Self>;
+
     /// Dequantize rows by id: `ids` `[n]` u32 -> `[n, cols]` f32, row `t` = `W[ids[t] - row_start]`,
     /// or zeros when `ids[t]` is outside `[row_start, row_start + rows)`.
     #[fusion(dtype = burn::tensor::DType::F32, shape = {
@@ -199,6 +218,39 @@ impl GgmlOps for CubeBackend {
             config,
         )
         .unwrap_or_else(|e| panic!("ggml_gemv: {e}"));
+        y
+    }
+
+    fn ggml_gemv_glu(
+        w: CubeTensor,
+        grid: CubeTensor,
+        x: CubeTensor,
+        ggml_type: GgmlType,
+        rows: usize,
+        cols: usize,
+        gelu: bool,
+    ) -> CubeTensor {
+        assert_eq!(w.dtype, DType::U32, "ggml weights must be a U32 tensor");
+        assert_eq!(grid.dtype, DType::U32, "a ggml grid must be a U32 tensor");
+        assert_eq!(x.dtype, DType::F32, "ggml_gemv_glu takes f32 activations");
+        let x = burn_cubecl::kernel::into_contiguous(x);
+        let m = x.meta.shape().num_elements() / cols.max(1);
+        let y = empty_f32(&x, Shape::new([m, rows / 2]));
+        let config = GemvConfig::for_client(&x.client);
+        let client = x.client.clone();
+        ggml_kernels::launch_gemv_glu(
+            &client,
+            ggml_type,
+            w.into_buffer_arg(),
+            grid.into_buffer_arg(),
+            x.into_buffer_arg(),
+            y.clone().into_buffer_arg(),
+            rows,
+            cols,
+            config,
+            gelu,
+        )
+        .unwrap_or_else(|e| panic!("ggml_gemv_glu: {e}"));
         y
     }
 

@@ -296,6 +296,37 @@ impl GgmlTensor {
         }
     }
 
+    /// `act(x W_gate^T) * (x W_up^T)` of a stacked gate/up projection (this tensor: the gate's
+    /// `rows / 2` rows, then up's) in one fused GEMV ([`GgmlOps::ggml_gemv_glu`]): `x`
+    /// `[m, cols]` f32 -> `[m, rows / 2]` f32, ggml's GELU (tanh approximation) when `gelu`,
+    /// else SiLU. `None` where that kernel does not apply (more than
+    /// [`MAX_GEMV_ROWS`] rows, an odd row count, or the blocks split over several buffers):
+    /// the caller runs the GEMV and the activation apart.
+    ///
+    /// # Panics
+    /// If `x`'s last dimension is not `cols` (a programming error in the caller's shapes).
+    pub fn matmul_t_gated(&self, x: Tensor<2>, gelu: bool) -> Option<Tensor<2>> {
+        let [m, k] = x.dims();
+        let [rows, cols] = self.shape;
+        assert_eq!(
+            k, cols,
+            "GgmlTensor::matmul_t_gated: x has {k} columns, the weight {cols}"
+        );
+        if m > MAX_GEMV_ROWS || rows % 2 == 1 || self.parts.len() != 1 {
+            return None;
+        }
+        let p = &self.parts[0];
+        Some(Tensor::from_dispatch(Dispatch::ggml_gemv_glu(
+            p.words.clone().into_dispatch(),
+            self.grid.clone().into_dispatch(),
+            x.into_dispatch(),
+            self.ggml_type,
+            p.rows,
+            cols,
+            gelu,
+        )))
+    }
+
     /// Dequantizes the rows `ids` (embedding lookup): `[ids.len(), cols]` f32.
     ///
     /// # Errors
