@@ -104,15 +104,7 @@ pub fn gemv_glu_error_of(
     gelu: bool,
 ) -> f64 {
     let (m, half) = (x.len() / cols, rows / 2);
-    let dot = |n: usize, r: usize| {
-        let w = &reference[n * cols..(n + 1) * cols];
-        w.iter()
-            .zip(&x[r * cols..(r + 1) * cols])
-            .fold((0f64, 0f64), |(d, a), (wk, xk)| {
-                let p = *wk as f64 * *xk as f64;
-                (d + p, a + p.abs())
-            })
-    };
+    let dot = |n: usize, r: usize| dot_f64(reference, x, n, r, cols);
     let act = |g: f64| {
         if gelu {
             let inner = 0.797_884_560_802_865_4 * (g + 0.044715 * g * g * g);
@@ -128,15 +120,34 @@ pub fn gemv_glu_error_of(
             let (dg, du) = (GEMV_TOL * mag_g, GEMV_TOL * mag_u);
             let want = act(g) * u;
             let bound = 1.2 * dg * (u.abs() + du) + act(g).abs() * du + 1e-5 * want.abs();
-            let err = (y[r * half + n] as f64 - want).abs() / bound.max(1e-30);
-            worst = if err.is_nan() {
-                f64::INFINITY
-            } else {
-                worst.max(err)
-            };
+            worst = worse(
+                worst,
+                (y[r * half + n] as f64 - want).abs() / bound.max(1e-30),
+            );
         }
     }
     worst
+}
+
+/// `(sum_k w_k x_k, sum_k |w_k x_k|)` in f64 for weight row `n` of `reference` and activation
+/// row `r` of `x` (rows of `cols`).
+fn dot_f64(reference: &[f32], x: &[f32], n: usize, r: usize, cols: usize) -> (f64, f64) {
+    let w = &reference[n * cols..(n + 1) * cols];
+    w.iter()
+        .zip(&x[r * cols..(r + 1) * cols])
+        .fold((0f64, 0f64), |(d, a), (wk, xk)| {
+            let p = *wk as f64 * *xk as f64;
+            (d + p, a + p.abs())
+        })
+}
+
+/// The larger of `worst` and `err`, NaN counting as infinite.
+fn worse(worst: f64, err: f64) -> f64 {
+    if err.is_nan() {
+        f64::INFINITY
+    } else {
+        worst.max(err)
+    }
 }
 
 /// The worst error of `y` (`[m, rows]`) against `x W^T` computed in f64 from `reference` (`W`,
@@ -146,20 +157,10 @@ pub fn gemv_error_of(y: &[f32], x: &[f32], reference: &[f32], rows: usize, cols:
     let m = x.len() / cols;
     let mut worst = 0f64;
     for n in 0..rows {
-        let w = &reference[n * cols..(n + 1) * cols];
         for r in 0..m {
-            let (mut dot, mut mag) = (0f64, 0f64);
-            for (wk, xk) in w.iter().zip(&x[r * cols..(r + 1) * cols]) {
-                let p = *wk as f64 * *xk as f64;
-                dot += p;
-                mag += p.abs();
-            }
+            let (dot, mag) = dot_f64(reference, x, n, r, cols);
             let err = (y[r * rows + n] as f64 - dot).abs() / (GEMV_TOL * mag.max(1e-30));
-            worst = if err.is_nan() {
-                f64::INFINITY
-            } else {
-                worst.max(err)
-            };
+            worst = worse(worst, err);
         }
     }
     worst

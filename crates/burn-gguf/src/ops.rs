@@ -10,7 +10,7 @@ use burn::backend::backend_extension;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::wgpu::{CubeBackend, CubeTensor};
 use burn::tensor::{DType, Shape};
-use ggml_kernels::GemvConfig;
+use ggml_kernels::{GemvConfig, GemvLaunch};
 use gguf::GgmlType;
 
 /// Ops over raw ggml blocks. Shapes are in Burn order; `w` holds `rows` rows of `cols` elements.
@@ -189,6 +189,46 @@ fn empty_f32(like: &CubeTensor, shape: Shape) -> CubeTensor {
     CubeTensor::new_contiguous(client, like.device.clone(), shape, handle, DType::F32)
 }
 
+/// The fused GEMV of [`GgmlOps::ggml_gemv`] (`glu` `None`) and [`GgmlOps::ggml_gemv_glu`]
+/// (`Some(gelu)`: `rows / 2` outputs) on a CubeCL device.
+fn gemv_op(
+    w: CubeTensor,
+    grid: CubeTensor,
+    x: CubeTensor,
+    ggml_type: GgmlType,
+    rows: usize,
+    cols: usize,
+    glu: Option<bool>,
+) -> CubeTensor {
+    assert_eq!(w.dtype, DType::U32, "ggml weights must be a U32 tensor");
+    assert_eq!(grid.dtype, DType::U32, "a ggml grid must be a U32 tensor");
+    assert_eq!(x.dtype, DType::F32, "the ggml GEMV takes f32 activations");
+    let x = burn_cubecl::kernel::into_contiguous(x);
+    let m = x.meta.shape().num_elements() / cols.max(1);
+    let out = if glu.is_some() { rows / 2 } else { rows };
+    let y = empty_f32(&x, Shape::new([m, out]));
+    let config = GemvConfig::for_client(&x.client);
+    let client = x.client.clone();
+    let launch = GemvLaunch {
+        pass_rows: None,
+        glu,
+    };
+    ggml_kernels::launch_gemv_with(
+        &client,
+        ggml_type,
+        w.into_buffer_arg(),
+        grid.into_buffer_arg(),
+        x.into_buffer_arg(),
+        y.clone().into_buffer_arg(),
+        rows,
+        cols,
+        config,
+        launch,
+    )
+    .unwrap_or_else(|e| panic!("ggml GEMV: {e}"));
+    y
+}
+
 impl GgmlOps for CubeBackend {
     fn ggml_gemv(
         w: CubeTensor,
@@ -198,27 +238,7 @@ impl GgmlOps for CubeBackend {
         rows: usize,
         cols: usize,
     ) -> CubeTensor {
-        assert_eq!(w.dtype, DType::U32, "ggml weights must be a U32 tensor");
-        assert_eq!(grid.dtype, DType::U32, "a ggml grid must be a U32 tensor");
-        assert_eq!(x.dtype, DType::F32, "ggml_gemv takes f32 activations");
-        let x = burn_cubecl::kernel::into_contiguous(x);
-        let m = x.meta.shape().num_elements() / cols.max(1);
-        let y = empty_f32(&x, Shape::new([m, rows]));
-        let config = GemvConfig::for_client(&x.client);
-        let client = x.client.clone();
-        ggml_kernels::launch_gemv(
-            &client,
-            ggml_type,
-            w.into_buffer_arg(),
-            grid.into_buffer_arg(),
-            x.into_buffer_arg(),
-            y.clone().into_buffer_arg(),
-            rows,
-            cols,
-            config,
-        )
-        .unwrap_or_else(|e| panic!("ggml_gemv: {e}"));
-        y
+        gemv_op(w, grid, x, ggml_type, rows, cols, None)
     }
 
     fn ggml_gemv_glu(
@@ -230,28 +250,7 @@ impl GgmlOps for CubeBackend {
         cols: usize,
         gelu: bool,
     ) -> CubeTensor {
-        assert_eq!(w.dtype, DType::U32, "ggml weights must be a U32 tensor");
-        assert_eq!(grid.dtype, DType::U32, "a ggml grid must be a U32 tensor");
-        assert_eq!(x.dtype, DType::F32, "ggml_gemv_glu takes f32 activations");
-        let x = burn_cubecl::kernel::into_contiguous(x);
-        let m = x.meta.shape().num_elements() / cols.max(1);
-        let y = empty_f32(&x, Shape::new([m, rows / 2]));
-        let config = GemvConfig::for_client(&x.client);
-        let client = x.client.clone();
-        ggml_kernels::launch_gemv_glu(
-            &client,
-            ggml_type,
-            w.into_buffer_arg(),
-            grid.into_buffer_arg(),
-            x.into_buffer_arg(),
-            y.clone().into_buffer_arg(),
-            rows,
-            cols,
-            config,
-            gelu,
-        )
-        .unwrap_or_else(|e| panic!("ggml_gemv_glu: {e}"));
-        y
+        gemv_op(w, grid, x, ggml_type, rows, cols, Some(gelu))
     }
 
     fn ggml_dequantize_rows(
