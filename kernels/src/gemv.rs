@@ -36,6 +36,17 @@ use crate::formats::{
 use crate::glu::{GLU_GELU, GLU_NONE, glu_act};
 use cubecl::prelude::*;
 
+/// Reads `buffer` in a branch no launch takes (`never`: the launch functions return before
+/// launching a GEMV of no rows), so that the shader uses the binding. A pipeline built from
+/// cached WGSL ([`crate::wgsl_cache`]) takes its bind-group layout from the bindings its shader
+/// uses, and the codebook buffer is bound for every type but read only by those with one.
+#[cube]
+pub fn keep_binding(buffer: &[u32], out: &mut [f32], never: bool) {
+    if never {
+        out[0] = f32::cast_from(buffer[0]);
+    }
+}
+
 /// The GEMV kernel. `x` is `[m, cols]` row-major f32, `y` is `[m, rows]`, `w` holds `rows`
 /// rows of `cols / BLOCK_ELEMS` blocks each, plus padding ([`crate::words_len`]); `grid` is the
 /// type's codebook. The split layout (see the module docs), one pass of `m_pass >= m` rows.
@@ -54,6 +65,9 @@ pub fn gemv<F: BlockDecode>(
     #[comptime] rows_per_cube: u32,
     #[comptime] plane: bool,
 ) {
+    if comptime!(!F::GRID.has_table()) {
+        keep_binding(grid, y, rows == 0);
+    }
     let lane = UNIT_POS_X;
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
     let row = cube * rows_per_cube + UNIT_POS_Y;
@@ -160,6 +174,9 @@ pub fn gemv_glu<F: BlockDecode>(
     #[comptime] plane: bool,
     #[comptime] glu: u32,
 ) {
+    if comptime!(!F::GRID.has_table()) {
+        keep_binding(grid, y, rows == 0);
+    }
     let lane = UNIT_POS_X;
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
     let row = cube * rows_per_cube + UNIT_POS_Y;
@@ -279,11 +296,12 @@ fn store_rows(
 pub type Vec4<T> = Vector<T, Const<4>>;
 
 /// The GEMV kernel in the own-rows layout. `w` is the word stream as 4-word vectors (its length
-/// padded to whole vectors, [`crate::words_len`]), `_grid` the type's codebook buffer
+/// padded to whole vectors, [`crate::words_len`]), `grid` the type's codebook buffer
 /// ([`crate::grid_words`]), bound as for the split kernel but not read (the codebook is
-/// compiled in, [`LOCAL_GRID_MAX_WORDS`]), `x` is `[m, cols]` f32 as 4-float vectors, `y` is
-/// `[m, rows]`. Unit `l` of cube `c` owns rows `c * lanes * own_rows + j * lanes + l` for
-/// `j < own_rows` (CubeDim `(lanes, 1)`); with `plane`, `lanes` is the device's plane width.
+/// compiled in, [`LOCAL_GRID_MAX_WORDS`]; see [`keep_binding`]), `x` is `[m, cols]` f32 as
+/// 4-float vectors, `y` is `[m, rows]`. Unit `l` of cube `c` owns rows
+/// `c * lanes * own_rows + j * lanes + l` for `j < own_rows` (CubeDim `(lanes, 1)`); with
+/// `plane`, `lanes` is the device's plane width.
 /// Activation rows go in `ceil(m / m_pass)` passes.
 ///
 /// With a `glu` epilogue (as [`gemv_glu`]'s: `w` a stacked gate/up projection of `rows = 2 * half`
@@ -294,7 +312,7 @@ pub type Vec4<T> = Vector<T, Const<4>>;
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_rows<F: BlockDecode>(
     w: &[Vec4<u32>],
-    _grid: &[Vec4<u32>],
+    grid: &[u32],
     x: &[Vec4<f32>],
     y: &mut [f32],
     rows: u32,
@@ -306,6 +324,7 @@ pub fn gemv_rows<F: BlockDecode>(
     #[comptime] own_rows: u32,
     #[comptime] glu: u32,
 ) {
+    keep_binding(grid, y, rows == 0);
     let lane = UNIT_POS_X;
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
     let parts = comptime!(if glu == GLU_NONE { 1u32 } else { 2u32 });

@@ -25,6 +25,7 @@ pub mod norm;
 pub mod rope;
 pub mod source;
 pub mod top_k;
+pub mod wgsl_cache;
 pub mod words;
 
 use cubecl::client::Client;
@@ -34,6 +35,7 @@ use formats::{
     MXFP4, NVFP4, Q1_0, Q2_0, Q2K, Q3K, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0, TQ1_0, TQ2_0,
 };
 use gguf::GgmlType;
+use wgsl_cache::launch_unchecked_cached;
 
 pub use attention::{AttentionShape, QkRopeShape, launch_attention, launch_qk_rope_cache};
 pub use gemv_config::GemvConfig;
@@ -486,36 +488,52 @@ pub fn launch_gemv_with(
                 ),
             ));
         }
-        let (w, grid, x) = (as_vec4(w)?, as_vec4(grid)?, as_vec4(x)?);
+        let (w, x) = (as_vec4(w)?, as_vec4(x)?);
         return with_format!(ty, F => {
-            // SAFETY: as below, and the staging's vector loads end at most 7 words past the
-            // last row's data, inside the words_len padding checked above.
+            // SAFETY (the kernel is unchecked): as below, and the staging's vector loads end at
+            // most 7 words past the last row's data, inside the words_len padding checked above.
             unsafe {
-                gemv::gemv_rows::launch_unchecked::<F>(
-                    client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32,
-                    pass_rows, a, plane, b, glu,
-                )
+                launch_unchecked_cached!(client, count, dim, gemv::gemv_rows::GemvRows<F>, (
+                    w => [gemv::Vec4<u32>], ReadOnly,
+                    grid => [u32], ReadOnly,
+                    x => [gemv::Vec4<f32>], ReadOnly,
+                    y => [f32], ReadWrite,
+                    rows as u32 => u32, ReadWrite,
+                    cols as u32 => u32, ReadWrite,
+                    m as u32 => u32, ReadWrite,
+                ), (pass_rows, a, plane, b, glu))
             };
             Ok(())
         }, Err(KernelError::Unsupported(ty)));
     }
     with_format!(ty, F => {
-        // SAFETY: every index the kernel forms is below the lengths checked above: chunk reads stay
-        // inside `rows * row_bytes` bytes (+1 padding word), grid reads below the table's length
-        // (indices are masked to its size), x reads below m * cols, writes below m * out_rows.
+        // SAFETY (the kernels are unchecked): every index the kernel forms is below the lengths
+        // checked above: chunk reads stay inside `rows * row_bytes` bytes (+1 padding word),
+        // grid reads below the table's length (indices are masked to its size), x reads below
+        // m * cols, writes below m * out_rows.
         unsafe {
             if glu == glu::GLU_NONE {
-                gemv::gemv::launch_unchecked::<F>(
-                    client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32,
-                    pass_rows, a, b, plane,
-                )
+                launch_unchecked_cached!(client, count, dim, gemv::gemv::Gemv<F>, (
+                    w => [u32], ReadOnly,
+                    grid => [u32], ReadOnly,
+                    x => [f32], ReadOnly,
+                    y => [f32], ReadWrite,
+                    rows as u32 => u32, ReadWrite,
+                    cols as u32 => u32, ReadWrite,
+                    m as u32 => u32, ReadWrite,
+                ), (pass_rows, a, b, plane));
             } else {
-                gemv::gemv_glu::launch_unchecked::<F>(
-                    client, count, dim, w, grid, x, y, rows as u32, cols as u32, m as u32,
-                    pass_rows, a, b, plane, glu,
-                )
+                launch_unchecked_cached!(client, count, dim, gemv::gemv_glu::GemvGlu<F>, (
+                    w => [u32], ReadOnly,
+                    grid => [u32], ReadOnly,
+                    x => [f32], ReadOnly,
+                    y => [f32], ReadWrite,
+                    rows as u32 => u32, ReadWrite,
+                    cols as u32 => u32, ReadWrite,
+                    m as u32 => u32, ReadWrite,
+                ), (pass_rows, a, b, plane, glu));
             }
-        };
+        }
         Ok(())
     }, Err(KernelError::Unsupported(ty)))
 }

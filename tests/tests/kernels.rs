@@ -654,3 +654,49 @@ fn gated_gemv_kernel() {
         }
     }
 }
+
+/// GEMVs launched from WGSL text through the kernel cache (`ggml_kernels::wgsl_cache`, the
+/// default on WGSL) give the bits of CubeCL's own launch of the same kernels (its IR-derived
+/// bind-group layout), and both match the f64 reference: own-rows passes of 1 and 4 rows, a
+/// codebook type, and the gated epilogue. The two paths are pipelines of their own (the cached
+/// kernel has its own id), so both run here.
+#[test]
+fn wgsl_cache_matches_cubecl() {
+    use ggml_kernels::wgsl_cache::{CacheMode, set_mode};
+    let device = burn_gguf::default_device();
+    let (rows, cols) = (124usize, 256usize);
+    for (ty, m, gated) in [
+        (GgmlType::Q8_0, 1usize, false),
+        (GgmlType::Q8_0, 3, false),
+        (GgmlType::IQ3_XXS, 1, false),
+        (GgmlType::Q5_0, 2, true),
+    ] {
+        let bytes = fixture(&ty.to_string());
+        let bytes = &bytes[..rows * ty.row_bytes(cols as u64).unwrap() as usize];
+        let reference = ggml_codec::dequantize_to_vec(ty, bytes, rows * cols).expect("codec");
+        let t = GgmlTensor::from_bytes(bytes, ty, [rows, cols], &device).expect("upload");
+        let x = rand_vec(m * cols, 500 + m as u64);
+        let run = |mode: CacheMode| {
+            set_mode(Some(mode));
+            let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, cols]), &device);
+            let y = if gated {
+                t.matmul_t_gated(xt, true)
+                    .expect("one buffer, 8 rows at most")
+            } else {
+                t.matmul_t(xt)
+            };
+            to_vec(y)
+        };
+        let cached = run(CacheMode::InProcess);
+        let own = run(CacheMode::Off);
+        set_mode(None);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&cached), bits(&own), "{ty} m={m} gated={gated}");
+        let err = if gated {
+            ggml_kernels::check::gemv_glu_error_of(&cached, &x, &reference, rows, cols, true)
+        } else {
+            ggml_kernels::check::gemv_error_of(&cached, &x, &reference, rows, cols)
+        };
+        assert!(err <= 1.0, "{ty} m={m}: error {err} x the bound");
+    }
+}

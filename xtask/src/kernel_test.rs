@@ -65,10 +65,15 @@ impl Row {
 }
 
 /// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `big`, `attention`,
-/// `top_k`);
-/// prints the table.
-/// Returns the number of failures.
+/// `top_k`); prints the table. Returns the number of failures.
+///
+/// Kernels run from WGSL text as in every process (`ggml_kernels::wgsl_cache`), generated here:
+/// the sweep's variants are not written to the cache folder.
 pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
+    use ggml_kernels::wgsl_cache::{CacheMode, mode, set_mode};
+    if mode() == CacheMode::Disk {
+        set_mode(Some(CacheMode::InProcess));
+    }
     let device = burn_gguf::default_device();
     let client =
         burn_gguf::cube_client(&device).ok_or("the default device is not a CubeCL device")?;

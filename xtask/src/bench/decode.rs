@@ -159,11 +159,16 @@ pub(super) fn decode_costs(
 }
 
 /// Seconds from starting a child `xtask first-token PATH` to its first token on stdout, and
-/// the child's own split (load, prefill + first token).
-pub(super) fn fresh_first_token(path: &Path) -> Result<Value, String> {
+/// the child's own split (load, prefill + first token). `kernel_cache` sets the child's
+/// `BURN_GGUF_KERNEL_CACHE` (its WGSL cache folder, `ggml_kernels::wgsl_cache`).
+pub(super) fn fresh_first_token(path: &Path, kernel_cache: Option<&Path>) -> Result<Value, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let t = Instant::now();
-    let mut child = Command::new(exe)
+    let mut command = Command::new(exe);
+    if let Some(dir) = kernel_cache {
+        command.env("BURN_GGUF_KERNEL_CACHE", dir);
+    }
+    let mut child = command
         .arg("first-token")
         .arg(path)
         .stdout(Stdio::piped())
@@ -180,6 +185,28 @@ pub(super) fn fresh_first_token(path: &Path) -> Result<Value, String> {
     let child_json: Value = serde_json::from_str(line.trim())
         .map_err(|e| format!("first-token child ({status}): {e}: {line:?}"))?;
     Ok(json!({"seconds": wall, "child": child_json}))
+}
+
+/// A fresh process's first token with an empty WGSL cache (in a folder of its own, removed
+/// after), then with the cache of this build filled (the second of two runs), the driver's
+/// shader cache as it is. Prints both, each with the child's load and first-token split.
+fn fresh_first_tokens(label: &str, path: &Path) -> Result<Value, String> {
+    let empty = std::env::temp_dir().join(format!("burn-gguf-bench-wgsl-{}", std::process::id()));
+    let cold = fresh_first_token(path, Some(&empty));
+    let _ = std::fs::remove_dir_all(&empty);
+    let cold = cold?;
+    fresh_first_token(path, None)?;
+    let warm = fresh_first_token(path, None)?;
+    for (name, f) in [("empty WGSL cache", &cold), ("warm WGSL cache", &warm)] {
+        println!(
+            "  {label}: fresh process to first token, {name}: {:.2} s (load {:.2} s, then prefill and \
+             first token {:.2} s)",
+            f["seconds"].as_f64().unwrap_or(f64::NAN),
+            f["child"]["load_s"].as_f64().unwrap_or(f64::NAN),
+            f["child"]["first_token_s"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+    Ok(json!({"empty_wgsl_cache": cold, "warm_wgsl_cache": warm}))
 }
 
 /// The child of [`fresh_first_token`]: loads `path`, prefills [`PROMPT`], picks the first
@@ -287,14 +314,8 @@ pub(super) fn run(
             println!("  {label}: failed: {e}");
             json!({"skipped": e})
         });
-        match fresh_first_token(path) {
-            Ok(f) => {
-                println!(
-                    "  {label}: fresh process to first token {:.2} s",
-                    f["seconds"].as_f64().unwrap_or(f64::NAN)
-                );
-                v["fresh_first_token"] = f;
-            }
+        match fresh_first_tokens(label, path) {
+            Ok(f) => v["fresh_first_token"] = f,
             Err(e) => println!("  {label}: fresh first token failed: {e}"),
         }
         if let Some(bin) = llama {
