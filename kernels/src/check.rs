@@ -10,8 +10,10 @@ use cubecl::prelude::*;
 use gguf::GgmlType;
 
 pub mod attention;
+pub mod moe;
 pub mod top_k;
 pub use attention::{ATTENTION_TOL, AttentionCase, attention_cases, attention_error};
+pub use moe::{GemvIdCase, ROUTE_TOL, gemv_id_error, route_cases, route_error, route_input};
 pub use top_k::{top_k_cases, top_k_error, top_k_input, top_k_mismatches};
 
 /// GEMV tolerance: `|y - y_ref| <= GEMV_TOL * sum_k |w_k x_k|`, the scale of f32 rounding in a dot.

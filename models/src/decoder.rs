@@ -21,11 +21,10 @@
 //!   `rope.freq_base` (case C17).
 use crate::Error;
 use crate::state::{LayerKind, LayerState, SequenceState};
-use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor};
 use burn_gguf::{
     AttentionShape, GgmlEmbedding, GgmlExperts, GgmlLinear, GgufLoader, QkNorm, QkRopeShape,
-    RopeTable, add_rms_norm, attention, gated, qk_rope_cache,
+    RopeTable, add_rms_norm, attention, gated, moe_route, qk_rope_cache,
 };
 use gguf::GgufFile;
 use std::sync::Mutex;
@@ -320,27 +319,6 @@ pub struct Decoder {
     device: Device,
 }
 
-/// The top `n_expert_used` experts of each row of `probs` (`[n, n_expert]`, softmax of the
-/// router logits), highest first, with their probabilities, renormalised to sum to 1 when
-/// `norm_top_k` (llama.cpp `build_moe_ffn` with `norm_w`). Returns `(ids, weights)`, `[n, k]`
-/// row-major each.
-fn route(probs: &[f32], moe: &Moe) -> (Vec<u32>, Vec<f32>) {
-    let (ne, k) = (moe.n_expert, moe.n_expert_used);
-    let mut ids = Vec::with_capacity(probs.len() / ne * k);
-    let mut weights = Vec::with_capacity(ids.capacity());
-    for row in probs.chunks_exact(ne) {
-        let mut order: Vec<usize> = (0..ne).collect();
-        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
-        let top = &order[..k];
-        let sum: f32 = top.iter().map(|&e| row[e]).sum();
-        for &e in top {
-            ids.push(e as u32);
-            weights.push(if moe.norm_top_k { row[e] / sum } else { row[e] });
-        }
-    }
-    (ids, weights)
-}
-
 impl Decoder {
     /// Loads the model of `loader`'s file, its architecture from `general.architecture`.
     ///
@@ -504,7 +482,7 @@ impl Decoder {
                     }
                     expect(
                         n("ffn_gate_exps"),
-                        experts.gate[0].shape(),
+                        experts.ffn_shape(),
                         [m.n_ff_expert, e],
                     )?;
                 }
@@ -681,14 +659,10 @@ impl Decoder {
                         .moe
                         .as_ref()
                         .ok_or_else(|| Error::Model("a MoE layer without a MoE config".into()))?;
-                    let probs = softmax(h_ffn.clone().matmul(router.clone().transpose()), 1);
-                    let probs = probs
-                        .try_into_data()
-                        .map_err(|e| Error::Device(format!("{e:?}")))?
-                        .try_to_vec::<f32>()
-                        .map_err(|e| Error::Device(format!("{e:?}")))?;
-                    let (ids, weights) = route(&probs, m);
-                    experts.forward(h_ffn, &ids, &weights, m.n_expert_used)?
+                    // Routing and experts on the device: nothing read back.
+                    let logits = h_ffn.clone().matmul(router.clone().transpose());
+                    let (weights, ids) = moe_route(logits, m.n_expert_used, m.norm_top_k);
+                    experts.forward(h_ffn, ids, weights)?
                 }
             };
             // The next layer's attention norm, or after the last layer the output norm.

@@ -1,6 +1,6 @@
 //! Model-assembly cases of `../shared/cases/CASES.md` on hand-built GGUF files: C14 (tied
 //! embeddings), C18 (Qwen3 Q/K norms on the cached decode path) and C20 (merged gate/up experts).
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use burn_gguf::{GgufConfig, GgufLoader};
 use burn_gguf_models::{CausalLm, Decoder};
 use burn_gguf_tests::rand_vec;
@@ -161,7 +161,9 @@ fn c20_merged_gate_up_experts() {
             _ => loader.experts("gate", "up", "down").unwrap(),
         };
         assert_eq!(experts.n_expert(), 2);
-        let y = to_vec(experts.forward(x.clone(), &[0], &[1.0], 1).unwrap());
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![0i64], [1, 1]), &device);
+        let weights = Tensor::<2>::from_data(TensorData::new(vec![1f32], [1, 1]), &device);
+        let y = to_vec(experts.forward(x.clone(), ids, weights).unwrap());
         for (a, b) in y.iter().zip(&want) {
             assert!((a - b).abs() <= 1e-5, "{label}: {y:?}");
         }

@@ -65,7 +65,7 @@ impl Row {
 }
 
 /// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `big`, `attention`,
-/// `top_k`); prints the table. Returns the number of failures.
+/// `top_k`, `moe`); prints the table. Returns the number of failures.
 ///
 /// Kernels run from WGSL text as in every process (`ggml_kernels::wgsl_cache`), generated here:
 /// the sweep's variants are not written to the cache folder.
@@ -229,6 +229,22 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
             push("qk_rope_cache + attention".into(), case.label(), e);
         }
     }
+    // MoE routing (no ggml type) and the expert GEMV of every type.
+    if wants("moe") {
+        if ty.is_none() {
+            for (i, case) in ggml_kernels::check::route_cases().into_iter().enumerate() {
+                let e = ggml_kernels::check::route_error(&client, case, 90 + i as u64)
+                    .map_err(|e| e.to_string());
+                let (n, ne, k, norm) = case;
+                push(
+                    "moe_route".into(),
+                    format!("{n}x{ne} k={k}{}", if norm { " norm" } else { "" }),
+                    e,
+                );
+            }
+        }
+        moe_rows(&client, &types, &mut push)?;
+    }
     // Top-k (sampling candidates): no ggml type either.
     if op.is_none_or(|o| o == "top_k") && ty.is_none() {
         for (i, case) in ggml_kernels::check::top_k_cases().into_iter().enumerate() {
@@ -248,4 +264,64 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
         println!("FAILED: {} {} ({:.3})", r.variant, r.shape, r.err);
     }
     Ok(failed)
+}
+
+/// The expert GEMV ([`ggml_kernels::moe::gemv_id`]) of every type on every split variant: a
+/// merged gate/up bank of 5 experts of 2 x 7 rows (the up half: rows 7..14 of each), 3 tokens
+/// choosing 2 experts each with their tokens' inputs, and a down bank with an input per slot
+/// split into two buffers inside an expert.
+fn moe_rows(
+    client: &cubecl::client::Client,
+    types: &[GgmlType],
+    push: &mut impl FnMut(String, String, Result<f64, String>),
+) -> Result<(), String> {
+    use ggml_kernels::check::{GemvIdCase, gemv_id_error};
+    let cols = 256;
+    let cases = [
+        GemvIdCase {
+            n_expert: 5,
+            expert_rows: 14,
+            cols,
+            row_offset: 7,
+            rows: 7,
+            tokens: 3,
+            k: 2,
+            own_x: false,
+            split: 0,
+        },
+        GemvIdCase {
+            n_expert: 5,
+            expert_rows: 9,
+            cols,
+            row_offset: 0,
+            rows: 9,
+            tokens: 3,
+            k: 2,
+            own_x: true,
+            split: 22,
+        },
+    ];
+    let configs: Vec<GemvConfig> = GemvConfig::variants(client)
+        .into_iter()
+        .filter(|c| matches!(c, GemvConfig::Split { .. }))
+        .collect();
+    for &t in types {
+        for (i, case) in cases.iter().enumerate() {
+            let bank_rows = case.n_expert * case.expert_rows;
+            let bytes = input(t, bank_rows, cols, t.id() as u64 + 31 + i as u64)?;
+            let reference = ggml_codec::dequantize_to_vec(t, &bytes, bank_rows * cols)
+                .map_err(|e| e.to_string())?;
+            for &config in &configs {
+                let e = gemv_id_error(client, t, &bytes, &reference, *case, config, 5 + i as u64)
+                    .map_err(|e| e.to_string());
+                let what = if case.own_x { "down, 2 parts" } else { "up half" };
+                push(
+                    format!("{t} gemv_id {} ({what})", config.name()),
+                    format!("{}x{} k={}", case.tokens, case.k, case.n_expert),
+                    e,
+                );
+            }
+        }
+    }
+    Ok(())
 }

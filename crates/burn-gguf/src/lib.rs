@@ -10,6 +10,7 @@
 //! quantized by the CPU codec, into a [`gguf::GgufWriter`].
 pub mod attention;
 pub mod loader;
+pub mod moe;
 pub mod nn;
 pub mod ops;
 pub mod sampling;
@@ -18,9 +19,10 @@ pub mod write;
 
 pub use attention::{AttentionShape, QkNorm, QkRopeShape, RopeTable, attention, qk_rope_cache};
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
+pub use moe::{ExpertRows, GgmlExperts, moe_route};
 pub use nn::{
-    Activation, DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, RopeStyle, Weight,
-    add_rms_norm, gated, gated_stacked, rms_norm, rope,
+    Activation, DenseWeight, GgmlEmbedding, GgmlLinear, RopeStyle, Weight, add_rms_norm, gated,
+    gated_stacked, rms_norm, rope,
 };
 pub use sampling::top_k;
 pub use tensor::GgmlTensor;

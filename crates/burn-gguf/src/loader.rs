@@ -1,5 +1,6 @@
 //! GGUF-to-Burn loader: packed weights where a kernel fits, explicit dequantization otherwise.
-use crate::nn::{DenseWeight, GgmlEmbedding, GgmlExperts, GgmlLinear, Weight};
+use crate::moe::GgmlExperts;
+use crate::nn::{DenseWeight, GgmlEmbedding, GgmlLinear, Weight};
 use crate::tensor::GgmlTensor;
 use crate::{Error, cube_client};
 use burn::tensor::{Device, FloatDType, Tensor, TensorData};
@@ -302,76 +303,57 @@ impl<'a> GgufLoader<'a> {
         Ok(w)
     }
 
-    /// A 3-D expert bank `name` `[n_expert, rows, cols]` (Burn order), each expert's rows split
-    /// into `parts` equal row ranges: `[part][expert]` weights `[rows / parts, cols]`. Recorded
-    /// as one report entry, packed only if every expert is.
-    fn expert_bank(&self, name: &str, parts: usize) -> Result<Vec<Vec<Weight>>, Error> {
+    /// A 3-D expert bank `name` `[n_expert, rows, cols]` (Burn order; ggml `ne = [cols, rows,
+    /// n_expert]`) as one [`Weight`] `[n_expert * rows, cols]`, the experts stacked by rows as
+    /// the file stores them, and `n_expert`.
+    fn expert_bank(&self, name: &str) -> Result<(Weight, usize), Error> {
         let info = self.info(name)?;
-        let bad = |reason: String| Error::Tensor {
-            name: name.into(),
-            reason,
-        };
-        let [n_expert, rows, cols]: [usize; 3] = info.shape().try_into().map_err(|_| {
-            bad(format!(
-                "expected a 3-D expert bank, found shape {:?}",
-                info.shape()
-            ))
-        })?;
-        if rows == 0 || !rows.is_multiple_of(parts) {
-            return Err(bad(format!(
-                "{rows} rows do not split into {parts} equal parts"
-            )));
-        }
-        let row_bytes = info
-            .ggml_type
-            .row_bytes(cols as u64)
-            .map_err(|e| bad(e.to_string()))? as usize;
-        let data = self.file.tensor_data(info);
-        let part_rows = rows / parts;
-        let mut banks: Vec<Vec<Weight>> =
-            (0..parts).map(|_| Vec::with_capacity(n_expert)).collect();
-        let mut why_not = None;
-        for e in 0..n_expert {
-            for (p, bank) in banks.iter_mut().enumerate() {
-                // In bounds: the reader checked n_expert * rows * row_bytes against the file.
-                let start = (e * rows + p * part_rows) * row_bytes;
-                let bytes = &data[start..start + part_rows * row_bytes];
-                let (w, why) = self.matrix(info, bytes, [part_rows, cols])?;
-                why_not = why_not.or(why);
-                bank.push(w);
-            }
-        }
-        self.record(
-            info,
-            why_not.map_or(LoadKind::Packed, LoadKind::Dequantized),
-        );
-        Ok(banks)
+        let [n_expert, rows, cols]: [usize; 3] =
+            info.shape().try_into().map_err(|_| Error::Tensor {
+                name: name.into(),
+                reason: format!(
+                    "expected a 3-D expert bank, found shape {:?}",
+                    info.shape()
+                ),
+            })?;
+        // No overflow: the reader checked the bank's size against the file.
+        let (w, why) = self.matrix(info, self.file.tensor_data(info), [n_expert * rows, cols])?;
+        self.record(info, why.map_or(LoadKind::Packed, LoadKind::Dequantized));
+        Ok((w, n_expert))
     }
 
     /// MoE experts from separate banks `gate`, `up` `[n_expert, d_ff, d_model]` and `down`
     /// `[n_expert, d_model, d_ff]` (llama.cpp `ffn_{gate,up,down}_exps`).
     ///
     /// # Errors
-    /// Missing tensors, wrong ranks, or banks whose expert counts differ.
+    /// Missing tensors, wrong ranks, or banks whose expert counts or shapes differ (the tensor
+    /// named).
     pub fn experts(&self, gate: &str, up: &str, down: &str) -> Result<GgmlExperts, Error> {
-        let gate = self.expert_bank(gate, 1)?.remove(0);
-        let up = self.expert_bank(up, 1)?.remove(0);
-        let down = self.expert_bank(down, 1)?.remove(0);
-        experts_of(gate, up, down)
+        let (gate_w, n_expert) = self.expert_bank(gate)?;
+        let (up_w, n_up) = self.expert_bank(up)?;
+        let (down_w, n_down) = self.expert_bank(down)?;
+        same_experts(n_expert, &[(up, n_up), (down, n_down)])?;
+        GgmlExperts::new(gate_w, Some(up_w), down_w, n_expert).map_err(|e| Error::Tensor {
+            name: gate.into(),
+            reason: e.to_string(),
+        })
     }
 
     /// MoE experts from a merged `gate_up` bank `[n_expert, 2 d_ff, d_model]` whose first `d_ff`
     /// rows per expert are the gate (as mainline llama.cpp writes `ffn_gate_up_exps`, case C20)
-    /// and `down` `[n_expert, d_model, d_ff]`.
+    /// and `down` `[n_expert, d_model, d_ff]`. The merged bank stays one tensor: each half is
+    /// read in place ([`crate::ExpertRows`]).
     ///
     /// # Errors
     /// As [`GgufLoader::experts`], and an odd number of `gate_up` rows.
     pub fn experts_merged(&self, gate_up: &str, down: &str) -> Result<GgmlExperts, Error> {
-        let mut gu = self.expert_bank(gate_up, 2)?;
-        let up = gu.pop().expect("two parts");
-        let gate = gu.pop().expect("two parts");
-        let down = self.expert_bank(down, 1)?.remove(0);
-        experts_of(gate, up, down)
+        let (gate_up_w, n_expert) = self.expert_bank(gate_up)?;
+        let (down_w, n_down) = self.expert_bank(down)?;
+        same_experts(n_expert, &[(down, n_down)])?;
+        GgmlExperts::new(gate_up_w, None, down_w, n_expert).map_err(|e| Error::Tensor {
+            name: gate_up.into(),
+            reason: e.to_string(),
+        })
     }
 
     /// A Linear layer without bias from the 2-D weight `name` (see [`GgufLoader::weight`]).
@@ -464,25 +446,13 @@ impl<'a> GgufLoader<'a> {
     }
 }
 
-/// Checks that three expert banks agree in expert count and shapes.
-fn experts_of(gate: Vec<Weight>, up: Vec<Weight>, down: Vec<Weight>) -> Result<GgmlExperts, Error> {
-    let n = gate.len();
-    let ok = n > 0
-        && up.len() == n
-        && down.len() == n
-        && (0..n).all(|e| {
-            let [f, d] = gate[e].shape();
-            up[e].shape() == [f, d] && down[e].shape() == [d, f]
-        });
-    if !ok {
-        return Err(Error::Shape(format!(
-            "expert banks disagree: gate {:?} x {n}, up {:?} x {}, down {:?} x {}",
-            gate.first().map(Weight::shape),
-            up.first().map(Weight::shape),
-            up.len(),
-            down.first().map(Weight::shape),
-            down.len()
-        )));
+/// Checks that the other banks of a MoE FFN have the first bank's `n_expert` experts.
+fn same_experts(n_expert: usize, others: &[(&str, usize)]) -> Result<(), Error> {
+    match others.iter().find(|(_, n)| *n != n_expert) {
+        Some((name, n)) => Err(Error::Tensor {
+            name: (*name).into(),
+            reason: format!("{n} experts where the gate bank has {n_expert}"),
+        }),
+        None => Ok(()),
     }
-    Ok(GgmlExperts { gate, up, down })
 }

@@ -1,4 +1,4 @@
-//! Packed modules: Linear, Embedding and MoE experts over ggml-quant weights, or over their
+//! Packed modules: Linear and Embedding over ggml-quant weights, or over their
 //! dense fallback; and the models' per-layer ops that run as one kernel each on a CubeCL
 //! device ([`rms_norm`], [`rope`], [`gated`]).
 use crate::Error;
@@ -345,6 +345,33 @@ impl DenseWeight {
         }
         Ok(out.expect("a dense weight has at least one part"))
     }
+
+    /// The rows `ids` (`[n]` Int, each below `out`: a device tensor, read by no host code)
+    /// as `[n, in]` f32, gathered on the device part by part (an id outside a part reads
+    /// its row 0, masked to zero).
+    pub(crate) fn rows_by(&self, ids: Tensor<1, burn::tensor::Int>) -> Tensor<2> {
+        let n = ids.dims()[0];
+        if let [(_, w)] = self.parts.as_slice() {
+            return w.clone().select(0, ids).cast(FloatDType::F32);
+        }
+        let mut out: Option<Tensor<2>> = None;
+        for (start, w) in &self.parts {
+            let part_rows = w.dims()[0] as i64;
+            let local = ids.clone().sub_scalar(*start as i64);
+            let inside = local
+                .clone()
+                .greater_equal_elem(0)
+                .bool_and(local.clone().lower_elem(part_rows));
+            let idx = local.clamp(0, part_rows - 1);
+            let part = w.clone().select(0, idx).cast(FloatDType::F32)
+                * inside.float().reshape([n, 1]);
+            out = Some(match out {
+                None => part,
+                Some(acc) => acc + part,
+            });
+        }
+        out.expect("a dense weight has at least one part")
+    }
 }
 
 /// A constant of a module: moved between devices with it, never a trainable parameter.
@@ -535,87 +562,5 @@ impl GgmlEmbedding {
             weight: self.weight.clone(),
             bias: None,
         }
-    }
-}
-
-/// Mixture-of-experts FFN banks `[n_expert, d_ff, d_model]` (gate, up) and
-/// `[n_expert, d_model, d_ff]` (down), Burn order (ggml `ne = [d_model, d_ff, n_expert]`), one
-/// [`Weight`] per expert: the file's blocks of each expert, packed, or dequantized where no kernel
-/// fits. Only the experts a token is routed to run.
-#[derive(Module, Debug)]
-pub struct GgmlExperts {
-    /// `n_expert` weights `[d_ff, d_model]`.
-    pub gate: Vec<Weight>,
-    /// `n_expert` weights `[d_ff, d_model]`.
-    pub up: Vec<Weight>,
-    /// `n_expert` weights `[d_model, d_ff]`.
-    pub down: Vec<Weight>,
-}
-
-impl GgmlExperts {
-    /// Experts in the bank.
-    pub fn n_expert(&self) -> usize {
-        self.gate.len()
-    }
-
-    /// `y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))` with `e = ids[t, j]`, for
-    /// `x` `[n, d_model]`, `ids` and `weights` `[n, k]` row-major (host values: the router's
-    /// choice). Each expert runs once, on the tokens routed to it (the fused GEMV for up to 8 of
-    /// them). Returns `[n, d_model]`.
-    ///
-    /// # Errors
-    /// [`Error::Shape`] when `ids` and `weights` differ in length or are not `n * k` long, or an
-    /// id is not below [`GgmlExperts::n_expert`].
-    pub fn forward(
-        &self,
-        x: Tensor<2>,
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
-    ) -> Result<Tensor<2>, Error> {
-        let [n, d] = x.dims();
-        if ids.len() != weights.len() || ids.len() != n * k {
-            return Err(Error::Shape(format!(
-                "experts: {} ids and {} weights for {n} tokens x {k}",
-                ids.len(),
-                weights.len()
-            )));
-        }
-        if let Some(bad) = ids.iter().find(|&&e| e as usize >= self.n_expert()) {
-            return Err(Error::Shape(format!(
-                "expert id {bad} out of range for {} experts",
-                self.n_expert()
-            )));
-        }
-        let device = x.device();
-        let mut out = Tensor::<2>::zeros([n, d], &device);
-        for e in 0..self.n_expert() {
-            // The (token, weight) pairs routed to expert e.
-            let routed: Vec<(usize, f32)> = (0..n * k)
-                .filter(|&i| ids[i] as usize == e)
-                .map(|i| (i / k, weights[i]))
-                .collect();
-            if routed.is_empty() {
-                continue;
-            }
-            let r = routed.len();
-            // One-hot gather [r, n] and weighted scatter [n, r] matrices.
-            let mut gather = vec![0f32; r * n];
-            let mut scatter = vec![0f32; n * r];
-            for (j, &(t, w)) in routed.iter().enumerate() {
-                gather[j * n + t] = 1.0;
-                scatter[t * r + j] = w;
-            }
-            let gather = Tensor::<2>::from_data(TensorData::new(gather, [r, n]), &device);
-            let scatter = Tensor::<2>::from_data(TensorData::new(scatter, [n, r]), &device);
-            let xe = gather.matmul(x.clone());
-            let h = gated(
-                self.gate[e].matmul_t(xe.clone()),
-                self.up[e].matmul_t(xe),
-                Activation::Silu,
-            );
-            out = out + scatter.matmul(self.down[e].matmul_t(h));
-        }
-        Ok(out)
     }
 }

@@ -1,6 +1,7 @@
 //! The backend extension: ggml-quant ops on Burn tensors, and the per-layer ops of the models
 //! that Burn's ops run as several kernels each (RMSNorm, the residual add with the next norm,
-//! RoPE, the gated FFN activation, the KV-cache write and attention).
+//! RoPE, the gated FFN activation, the KV-cache write and attention), and MoE routing and the
+//! expert GEMV.
 //!
 //! Implemented for every CubeCL runtime (`CubeBackend`) and, lazily, for `Fusion<CubeBackend>`
 //! (Burn's default wgpu backend), so an op's output feeds fused Burn ops directly. The weights are
@@ -165,6 +166,37 @@ pub trait GgmlOps: burn::backend::Backend {
         )
     })]
     fn ggml_top_k(x: FloatTensor<Self>, k: usize) -> (FloatTensor<Self>, IntTensor<Self>);
+
+    /// MoE routing, one kernel ([`ggml_kernels::moe::moe_route`]): router logits `[n, n_expert]`
+    /// f32 -> each token's `k` experts' weights `[n, k]` f32 and ids `[n, k]` u32 (the
+    /// softmax's `k` largest probabilities, best first; divided by their sum when `norm`).
+    #[fusion(meta = |logits: &burn::backend::fusion::custom::TensorSpec, k: &usize, _norm| {
+        let n = logits.shape.num_elements() / logits.shape[logits.shape.num_dims() - 1].max(1);
+        (
+            burn::backend::fusion::custom::TensorSpec::new(burn::tensor::Shape::new([n, *k]), logits.dtype),
+            burn::backend::fusion::custom::TensorSpec::new(
+                burn::tensor::Shape::new([n, *k]), burn::tensor::DType::U32),
+        )
+    })]
+    fn ggml_moe_route(
+        logits: FloatTensor<Self>,
+        k: usize,
+        norm: bool,
+    ) -> (FloatTensor<Self>, IntTensor<Self>);
+
+    /// The expert GEMV over one part of a bank of experts stacked by rows, one kernel
+    /// ([`ggml_kernels::moe::gemv_id`], llama.cpp's `mul_mat_id`): `w` holds the bank's rows
+    /// `shape.row_start..+shape.part_rows`, `x` `[ceil(slots / x_div), cols]` f32, `ids`
+    /// `[slots]` u32 expert ids -> `[slots, rows]` f32, zero for rows in other parts.
+    #[fusion(dtype = x, shape = burn::tensor::Shape::new([shape.slots, shape.rows]))]
+    fn ggml_gemv_id(
+        w: IntTensor<Self>,
+        grid: IntTensor<Self>,
+        x: FloatTensor<Self>,
+        ids: IntTensor<Self>,
+        ggml_type: GgmlType,
+        shape: ggml_kernels::GemvIdShape,
+    ) -> FloatTensor<Self>;
 }
 
 /// `t`'s buffer, made its own first when another tensor shares it, so a kernel may write it in
@@ -187,6 +219,12 @@ fn empty_f32(like: &CubeTensor, shape: Shape) -> CubeTensor {
     let client = like.client.clone();
     let handle = client.empty(shape.num_elements() * size_of::<f32>());
     CubeTensor::new_contiguous(client, like.device.clone(), shape, handle, DType::F32)
+}
+
+fn empty_u32(like: &CubeTensor, shape: Shape) -> CubeTensor {
+    let client = like.client.clone();
+    let handle = client.empty(shape.num_elements() * size_of::<u32>());
+    CubeTensor::new_contiguous(client, like.device.clone(), shape, handle, DType::U32)
 }
 
 /// The fused GEMV of [`GgmlOps::ggml_gemv`] (`glu` `None`) and [`GgmlOps::ggml_gemv_glu`]
@@ -489,14 +527,7 @@ impl GgmlOps for CubeBackend {
         let [rows, n] = rows_cols(x.meta.shape());
         let values = empty_f32(&x, Shape::new([rows, k]));
         let client = x.client.clone();
-        let ids_handle = client.empty(rows * k * size_of::<u32>());
-        let ids = CubeTensor::new_contiguous(
-            client.clone(),
-            x.device.clone(),
-            Shape::new([rows, k]),
-            ids_handle,
-            DType::U32,
-        );
+        let ids = empty_u32(&x, Shape::new([rows, k]));
         ggml_kernels::launch_top_k(
             &client,
             x.into_buffer_arg(),
@@ -508,5 +539,62 @@ impl GgmlOps for CubeBackend {
         )
         .unwrap_or_else(|e| panic!("ggml_top_k: {e}"));
         (values, ids)
+    }
+
+    fn ggml_moe_route(logits: CubeTensor, k: usize, norm: bool) -> (CubeTensor, CubeTensor) {
+        assert_eq!(logits.dtype, DType::F32, "ggml_moe_route takes f32 logits");
+        let logits = burn_cubecl::kernel::into_contiguous(logits);
+        let [n, n_expert] = rows_cols(logits.meta.shape());
+        let weights = empty_f32(&logits, Shape::new([n, k]));
+        let ids = empty_u32(&logits, Shape::new([n, k]));
+        let client = logits.client.clone();
+        ggml_kernels::launch_moe_route(
+            &client,
+            logits.into_buffer_arg(),
+            ids.clone().into_buffer_arg(),
+            weights.clone().into_buffer_arg(),
+            n,
+            n_expert,
+            k,
+            norm,
+        )
+        .unwrap_or_else(|e| panic!("ggml_moe_route: {e}"));
+        (weights, ids)
+    }
+
+    fn ggml_gemv_id(
+        w: CubeTensor,
+        grid: CubeTensor,
+        x: CubeTensor,
+        ids: CubeTensor,
+        ggml_type: GgmlType,
+        shape: ggml_kernels::GemvIdShape,
+    ) -> CubeTensor {
+        assert_eq!(w.dtype, DType::U32, "ggml weights must be a U32 tensor");
+        assert_eq!(grid.dtype, DType::U32, "a ggml grid must be a U32 tensor");
+        assert_eq!(x.dtype, DType::F32, "the expert GEMV takes f32 activations");
+        assert_eq!(ids.dtype, DType::U32, "expert ids must be a U32 tensor");
+        let [x, ids] = [x, ids].map(burn_cubecl::kernel::into_contiguous);
+        let y = empty_f32(&x, Shape::new([shape.slots, shape.rows]));
+        // The decode GEMV's layout where it is a split one; otherwise (own rows, a software
+        // device) one unit per row.
+        let config = match GemvConfig::for_client(&x.client) {
+            c @ GemvConfig::Split { .. } => c,
+            _ => GemvConfig::ROW_PER_UNIT,
+        };
+        let client = x.client.clone();
+        ggml_kernels::launch_gemv_id(
+            &client,
+            ggml_type,
+            w.into_buffer_arg(),
+            grid.into_buffer_arg(),
+            x.into_buffer_arg(),
+            ids.into_buffer_arg(),
+            y.clone().into_buffer_arg(),
+            shape,
+            config,
+        )
+        .unwrap_or_else(|e| panic!("ggml_gemv_id: {e}"));
+        y
     }
 }

@@ -243,6 +243,18 @@ impl GgmlTensor {
         self.parts.len()
     }
 
+    /// Each part's blocks (`U32` words), first row and rows, in row order.
+    pub(crate) fn part_words(&self) -> impl Iterator<Item = (Tensor<1, Int>, usize, usize)> + '_ {
+        self.parts
+            .iter()
+            .map(|p| (p.words.clone(), p.row_start, p.rows))
+    }
+
+    /// The type's codebook ([`grid_words`]) on the device.
+    pub(crate) fn grid(&self) -> Tensor<1, Int> {
+        self.grid.clone()
+    }
+
     /// The device the blocks live on.
     pub fn device(&self) -> Device {
         self.parts[0].words.device()
