@@ -7,7 +7,9 @@
 //!
 //! `F32`, `F16` and `BF16` have one element per ggml block; here they are read as pseudo-blocks
 //! of 32 elements, so their rows must be a multiple of 32 long (the host checks).
-use crate::words::{bf16_to_f32, f16_to_f32, i8_to_f32, read_u8, read_u16, read_u32};
+use crate::words::{
+    bf16_to_f32, byte_i8_to_f32, f16_to_f32, i8_to_f32, read_u8, read_u16, read_u32,
+};
 use cubecl::prelude::*;
 use gguf::GgmlType;
 
@@ -326,17 +328,19 @@ impl BlockFormat for Q8_0 {
     const TYPE: GgmlType = GgmlType::Q8_0;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 34;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for Q8_0 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
+        set_scales(out, d, d);
         #[unroll]
         for k in 0..8u32 {
             let word = read_u32(w, block + 2 + 4 * k);
             #[unroll]
             for j in 0..4u32 {
-                out[(4 * k + j) as usize] = i8_to_f32((word >> (8 * j)) & 0xFF) * d;
+                out[(4 * k + j) as usize] = byte_i8_to_f32(word, j);
             }
         }
     }
@@ -350,11 +354,13 @@ impl BlockFormat for Q5_0 {
     const TYPE: GgmlType = GgmlType::Q5_0;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 22;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for Q5_0 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
+        set_scales(out, d, d);
         let qh = read_u32(w, block + 2);
         #[unroll]
         for k in 0..4u32 {
@@ -365,8 +371,8 @@ impl BlockDecode for Q5_0 {
                 let b = (word >> (8 * i)) & 0xFF;
                 let xh0 = ((qh >> j) << 4) & 0x10;
                 let xh1 = (qh >> (j + 12)) & 0x10;
-                out[j as usize] = (f32::cast_from((b & 0x0F) | xh0) - 16.0) * d;
-                out[(j + 16) as usize] = (f32::cast_from((b >> 4) | xh1) - 16.0) * d;
+                out[j as usize] = f32::cast_from((b & 0x0F) | xh0) - 16.0;
+                out[(j + 16) as usize] = f32::cast_from((b >> 4) | xh1) - 16.0;
             }
         }
     }
@@ -431,6 +437,7 @@ impl BlockFormat for Q6K {
     const TYPE: GgmlType = GgmlType::Q6_K;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 210;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for Q6K {
@@ -446,15 +453,15 @@ impl BlockDecode for Q6K {
         let d0 = d * i8_to_f32(read_u8(w, sc));
         let d1 = d * i8_to_f32(read_u8(w, sc + 1));
         // Elements 0..16 use scale `sc`, 16..32 scale `sc + 1`.
+        set_scales(out, d0, d1);
         #[unroll]
         for k in 0..8u32 {
             let lw = read_u32(w, ql + 4 * k) >> ql_shift;
             let hw = read_u32(w, qh + 4 * k) >> qh_shift;
-            let dk = select(k < 4, d0, d1);
             #[unroll]
             for i in 0..4u32 {
                 let v = ((lw >> (8 * i)) & 0x0F) | (((hw >> (8 * i)) & 0x03) << 4);
-                out[(4 * k + i) as usize] = dk * (f32::cast_from(v) - 32.0);
+                out[(4 * k + i) as usize] = f32::cast_from(v) - 32.0;
             }
         }
     }
@@ -467,19 +474,21 @@ impl BlockFormat for Q4_0 {
     const TYPE: GgmlType = GgmlType::Q4_0;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 18;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for Q4_0 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
+        set_scales(out, d, d);
         #[unroll]
         for k in 0..4u32 {
             let word = read_u32(w, block + 2 + 4 * k);
             #[unroll]
             for i in 0..4u32 {
                 let b = (word >> (8 * i)) & 0xFF;
-                out[(4 * k + i) as usize] = (f32::cast_from(b & 0x0F) - 8.0) * d;
-                out[(4 * k + i + 16) as usize] = (f32::cast_from(b >> 4) - 8.0) * d;
+                out[(4 * k + i) as usize] = f32::cast_from(b & 0x0F) - 8.0;
+                out[(4 * k + i + 16) as usize] = f32::cast_from(b >> 4) - 8.0;
             }
         }
     }
@@ -745,11 +754,13 @@ impl BlockFormat for TQ2_0 {
     const TYPE: GgmlType = GgmlType::TQ2_0;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 66;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for TQ2_0 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block + 64));
+        set_scales(out, d, d);
         let qs = block + 32 * (chunk / 4);
         let shift = 2 * (chunk % 4);
         #[unroll]
@@ -758,7 +769,7 @@ impl BlockDecode for TQ2_0 {
             #[unroll]
             for i in 0..4u32 {
                 let q = (word >> (8 * i)) & 3;
-                out[(4 * k + i) as usize] = (f32::cast_from(q) - 1.0) * d;
+                out[(4 * k + i) as usize] = f32::cast_from(q) - 1.0;
             }
         }
     }
@@ -780,11 +791,13 @@ impl BlockFormat for TQ1_0 {
     const TYPE: GgmlType = GgmlType::TQ1_0;
     const BLOCK_ELEMS: u32 = 256;
     const BLOCK_BYTES: u32 = 54;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for TQ1_0 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block + 52));
+        set_scales(out, d, d);
         let lo = chunk < 5;
         // 0, 1, 2 for chunks 5, 6, 7 (unused below 5).
         let c5 = (chunk + 3) % 8;
@@ -803,7 +816,7 @@ impl BlockDecode for TQ1_0 {
             for i in 0..4u32 {
                 let q = (word >> (8 * i)) & 0xFF;
                 let t = (((q * p) & 0xFF) * 3) >> 8;
-                out[(4 * k + i) as usize] = (f32::cast_from(t) - 1.0) * d;
+                out[(4 * k + i) as usize] = f32::cast_from(t) - 1.0;
             }
         }
     }
@@ -877,19 +890,21 @@ impl BlockFormat for MXFP4 {
     const TYPE: GgmlType = GgmlType::MXFP4;
     const BLOCK_ELEMS: u32 = 32;
     const BLOCK_BYTES: u32 = 17;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for MXFP4 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, _chunk: u32, out: &mut Array<f32>) {
         let d = e8m0_to_f32_half(read_u8(w, block));
+        set_scales(out, d, d);
         #[unroll]
         for k in 0..4u32 {
             let word = read_u32(w, block + 1 + 4 * k);
             #[unroll]
             for i in 0..4u32 {
                 let b = (word >> (8 * i)) & 0xFF;
-                out[(4 * k + i) as usize] = kvalue_fp4(b & 0x0F) * d;
-                out[(4 * k + i + 16) as usize] = kvalue_fp4(b >> 4) * d;
+                out[(4 * k + i) as usize] = kvalue_fp4(b & 0x0F);
+                out[(4 * k + i + 16) as usize] = kvalue_fp4(b >> 4);
             }
         }
     }
@@ -904,23 +919,28 @@ impl BlockFormat for NVFP4 {
     const TYPE: GgmlType = GgmlType::NVFP4;
     const BLOCK_ELEMS: u32 = 64;
     const BLOCK_BYTES: u32 = 36;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for NVFP4 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let scales = read_u16(w, block + 2 * chunk);
         let qs = block + 4 + 16 * chunk;
+        set_scales(
+            out,
+            ue4m3_to_f32_half(scales & 0xFF),
+            ue4m3_to_f32_half(scales >> 8),
+        );
         #[unroll]
         for h in 0..2u32 {
-            let d = ue4m3_to_f32_half((scales >> (8 * h)) & 0xFF);
             #[unroll]
             for k in 0..2u32 {
                 let word = read_u32(w, qs + 8 * h + 4 * k);
                 #[unroll]
                 for i in 0..4u32 {
                     let b = (word >> (8 * i)) & 0xFF;
-                    out[(16 * h + 4 * k + i) as usize] = kvalue_fp4(b & 0x0F) * d;
-                    out[(16 * h + 4 * k + i + 8) as usize] = kvalue_fp4(b >> 4) * d;
+                    out[(16 * h + 4 * k + i) as usize] = kvalue_fp4(b & 0x0F);
+                    out[(16 * h + 4 * k + i + 8) as usize] = kvalue_fp4(b >> 4);
                 }
             }
         }
@@ -955,18 +975,20 @@ impl BlockFormat for Q2_0 {
     const TYPE: GgmlType = GgmlType::Q2_0;
     const BLOCK_ELEMS: u32 = 64;
     const BLOCK_BYTES: u32 = 18;
+    const FORM: ChunkForm = ChunkForm::Scaled;
 }
 #[cube]
 impl BlockDecode for Q2_0 {
     fn decode_chunk(w: &[u32], _grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>) {
         let d = f16_to_f32(read_u16(w, block));
+        set_scales(out, d, d);
         #[unroll]
         for k in 0..2u32 {
             let word = read_u32(w, block + 2 + 8 * chunk + 4 * k);
             #[unroll]
             for j in 0..16u32 {
                 let q = (word >> (2 * j)) & 3;
-                out[(16 * k + j) as usize] = (f32::cast_from(q) - 1.0) * d;
+                out[(16 * k + j) as usize] = f32::cast_from(q) - 1.0;
             }
         }
     }

@@ -11,7 +11,9 @@
 //! - **split** ([`gemv`], the GPU layout of llama.cpp's `mul_mat_vec`): `lanes` units of
 //!   one cube share an output row (CubeDim `(lanes, rows_per_cube)`); lane `l` walks the row's
 //!   32-element chunks `l, l + lanes, ...`, so neighbouring lanes read neighbouring bytes, decodes
-//!   each with the type's [`BlockDecode`] and accumulates one f32 partial per activation row.
+//!   each with the type's [`BlockDecode`] ([`decode_for_dot`]: a [`ChunkForm::Scaled`] chunk
+//!   stays factored and [`chunk_dot`] applies its two scales once per 16 products) and
+//!   accumulates one f32 partial per activation row.
 //!   Partials are reduced with a plane (subgroup) sum when `plane` is set (then `lanes` is the
 //!   device's plane width) or through workgroup shared memory otherwise.
 //! - **own rows** ([`gemv_rows`], the layout of CPU-emulated devices such as lavapipe, where
@@ -45,6 +47,50 @@ pub fn keep_binding(buffer: &[u32], out: &mut [f32], never: bool) {
     if never {
         out[0] = f32::cast_from(buffer[0]);
     }
+}
+
+/// Decodes chunk `chunk` of the block at byte `block` for [`chunk_dot`]: a
+/// [`ChunkForm::Scaled`] chunk stays factored (values and two half-chunk scales), every other
+/// form is multiplied out ([`decode_values`]).
+#[cube]
+pub fn decode_for_dot<F: BlockDecode>(
+    w: &[u32],
+    grid: &[u32],
+    block: u32,
+    chunk: u32,
+    out: &mut Array<f32>,
+) {
+    if comptime!(matches!(F::FORM, ChunkForm::Scaled)) {
+        F::decode_chunk(w, grid, block, chunk, out);
+    } else {
+        decode_values::<F>(w, grid, block, chunk, out);
+    }
+}
+
+/// `sum_e weight_e * x[xo + e]` over a chunk decoded by [`decode_for_dot`], summed in order: a
+/// [`ChunkForm::Scaled`] chunk's halves each multiplied by their scale once (a multiply fewer
+/// per weight, llama.cpp `mul_mat_vec`'s `d * sum(q * x)`; within
+/// [`crate::check::GEMV_TOL`] of the multiplied-out sum).
+#[cube]
+pub fn chunk_dot<F: BlockDecode>(vals: &Array<f32>, x: &[f32], xo: u32) -> f32 {
+    let mut total = 0.0f32;
+    if comptime!(matches!(F::FORM, ChunkForm::Scaled)) {
+        #[unroll]
+        for h in 0..2u32 {
+            let mut s = 0.0f32;
+            #[unroll]
+            for j in 0..16u32 {
+                s += vals[(16 * h + j) as usize] * x[(xo + 16 * h + j) as usize];
+            }
+            total = fma(vals[comptime!(FACTOR_SCALES + h) as usize], s, total);
+        }
+    } else {
+        #[unroll]
+        for j in 0..comptime!(CHUNK_ELEMS) {
+            total += vals[j as usize] * x[(xo + j) as usize];
+        }
+    }
+    total
 }
 
 /// The GEMV kernel. `x` is `[m, cols]` row-major f32, `y` is `[m, rows]`, `w` holds `rows`
@@ -89,18 +135,13 @@ pub fn gemv<F: BlockDecode>(
     while c < n_chunks {
         let b = c / chunks;
         let k = c % chunks;
-        decode_values::<F>(w, grid, row_byte + b * block_bytes, k, &mut vals);
+        decode_for_dot::<F>(w, grid, row_byte + b * block_bytes, k, &mut vals);
         let xb = b * block_elems + k * comptime!(CHUNK_ELEMS);
         #[unroll]
         for r in 0..m_pass {
             // Rows past `m` (padding up to `m_pass`) repeat the last row and are not stored.
             let xo = select(r < m, r, m - 1) * cols + xb;
-            let mut s = 0.0f32;
-            #[unroll]
-            for j in 0..comptime!(CHUNK_ELEMS) {
-                s += vals[j as usize] * x[(xo + j) as usize];
-            }
-            acc[r as usize] += s;
+            acc[r as usize] += chunk_dot::<F>(&vals, x, xo);
         }
         c += lanes;
     }
@@ -205,17 +246,12 @@ pub fn gemv_glu<F: BlockDecode>(
         #[unroll]
         for h in 0..parts {
             let start = (row + h * out_rows) * row_bytes + b * block_bytes;
-            decode_values::<F>(w, grid, start, k, &mut vals);
+            decode_for_dot::<F>(w, grid, start, k, &mut vals);
             #[unroll]
             for r in 0..m_pass {
                 // Rows past `m` (padding up to `m_pass`) repeat the last row and are not stored.
                 let xo = select(r < m, r, m - 1) * cols + xb;
-                let mut s = 0.0f32;
-                #[unroll]
-                for j in 0..comptime!(CHUNK_ELEMS) {
-                    s += vals[j as usize] * x[(xo + j) as usize];
-                }
-                acc[(h * m_pass + r) as usize] += s;
+                acc[(h * m_pass + r) as usize] += chunk_dot::<F>(&vals, x, xo);
             }
         }
         c += lanes;

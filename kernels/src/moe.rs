@@ -5,7 +5,7 @@
 //! - [`gemv_id`]: the fused dequantize + GEMV of a bank of experts stacked by rows, each
 //!   output slot taking its expert from a buffer of ids (llama.cpp `ggml_mul_mat_id`).
 use crate::formats::*;
-use crate::gemv::keep_binding;
+use crate::gemv::{chunk_dot, decode_for_dot, keep_binding};
 use crate::{
     GemvConfig, KernelError, check_grid, check_words, cube_count_for, row_bytes, shape_err,
     with_format,
@@ -132,12 +132,9 @@ pub fn gemv_id<F: BlockDecode>(
     while c < n_chunks {
         let b = c / chunks;
         let kk = c % chunks;
-        decode_values::<F>(w, grid, row_byte + b * block_bytes, kk, &mut vals);
+        decode_for_dot::<F>(w, grid, row_byte + b * block_bytes, kk, &mut vals);
         let xo = xo_row + b * block_elems + kk * comptime!(CHUNK_ELEMS);
-        #[unroll]
-        for j in 0..comptime!(CHUNK_ELEMS) {
-            acc += vals[j as usize] * x[(xo + j) as usize];
-        }
+        acc += chunk_dot::<F>(&vals, x, xo);
         c += lanes;
     }
 

@@ -53,6 +53,15 @@ pub fn bf16_to_f32(h: u32) -> f32 {
     f32::reinterpret(h << 16)
 }
 
+/// Byte `j` (0..4) of `word` as a signed 8-bit integer, as f32: the byte shifted to the top and
+/// back down with an arithmetic shift (two shifts and a conversion, where [`i8_to_f32`] of the
+/// masked byte takes four operations and a conversion).
+#[cube]
+pub fn byte_i8_to_f32(word: u32, j: u32) -> f32 {
+    let top = i32::cast_from(word << (24 - 8 * j));
+    f32::cast_from(top >> 24i32)
+}
+
 /// A signed 8-bit integer in the low byte of `b`, as f32.
 #[cube]
 pub fn i8_to_f32(b: u32) -> f32 {
