@@ -104,9 +104,14 @@ impl GgmlTensor {
     }
 }
 
+/// Bytes of dequantized expert rows [`DenseWeight::matmul_id`] gathers at once: slots beyond
+/// it run in further passes, so a long prefill's `slots x rows x cols` gather stays bounded.
+const DENSE_GATHER_BYTES: usize = 256 << 20;
+
 impl DenseWeight {
     /// [`GgmlTensor::matmul_id`] of a dequantized bank with Burn ops: each slot's rows gathered
-    /// (`[slots, rows, cols]`) and multiplied by its input.
+    /// (`[slots, rows, cols]`, in passes of at most [`DENSE_GATHER_BYTES`] of f32 rows) and
+    /// multiplied by its input.
     pub fn matmul_id(
         &self,
         x: Tensor<2>,
@@ -114,22 +119,49 @@ impl DenseWeight {
         sel: ExpertRows,
         x_div: usize,
     ) -> Tensor<2> {
+        self.matmul_id_within(x, ids, sel, x_div, DENSE_GATHER_BYTES)
+    }
+
+    /// [`DenseWeight::matmul_id`] gathering at most `budget` bytes of rows per pass.
+    fn matmul_id_within(
+        &self,
+        x: Tensor<2>,
+        ids: Tensor<1, Int>,
+        sel: ExpertRows,
+        x_div: usize,
+        budget: usize,
+    ) -> Tensor<2> {
         let slots = ids.dims()[0];
         let cols = self.shape()[1];
         let device = x.device();
+        let per_slot = (sel.rows * cols * size_of::<f32>()).max(1);
+        let pass = (budget / per_slot).clamp(1, slots.max(1));
         // Bank row of each (slot, row): ids[s] * expert_rows + row_offset + r.
         let offsets = Tensor::<1, Int>::arange(0..sel.rows as i64, &device);
         let ids = ids.cast(offsets.dtype());
-        let first = ids
-            .mul_scalar(sel.expert_rows as i64)
-            .add_scalar(sel.row_offset as i64);
-        let rows = first.reshape([slots, 1]) + offsets.reshape([1, sel.rows]);
-        let w = self
-            .rows_by(rows.reshape([slots * sel.rows]))
-            .reshape([slots, sel.rows, cols]);
-        let x_rows = Tensor::<1, Int>::arange(0..slots as i64, &device).div_scalar(x_div as i64);
-        let xs = x.select(0, x_rows).reshape([slots, cols, 1]);
-        w.matmul(xs).reshape([slots, sel.rows])
+        let mut outs = Vec::with_capacity(slots.div_ceil(pass));
+        for start in (0..slots).step_by(pass) {
+            let end = (start + pass).min(slots);
+            let n = end - start;
+            let first = ids
+                .clone()
+                .slice(start..end)
+                .mul_scalar(sel.expert_rows as i64)
+                .add_scalar(sel.row_offset as i64);
+            let rows = first.reshape([n, 1]) + offsets.clone().reshape([1, sel.rows]);
+            let w = self
+                .rows_by(rows.reshape([n * sel.rows]))
+                .reshape([n, sel.rows, cols]);
+            let x_rows = Tensor::<1, Int>::arange(start as i64..end as i64, &device)
+                .div_scalar(x_div as i64);
+            let xs = x.clone().select(0, x_rows).reshape([n, cols, 1]);
+            outs.push(w.matmul(xs).reshape([n, sel.rows]));
+        }
+        match outs.len() {
+            0 => Tensor::zeros([0, sel.rows], &device),
+            1 => outs.pop().expect("one pass"),
+            _ => Tensor::cat(outs, 0),
+        }
     }
 }
 
@@ -272,5 +304,65 @@ impl GgmlExperts {
         Ok((y.reshape([n, k, d_model]) * weights.reshape([n, k, 1]))
             .sum_dim(1)
             .reshape([n, d_model]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Device;
+
+    /// The dense expert product in passes equals the product taken row by row on the host, for
+    /// a bank in one part and in three.
+    #[test]
+    fn dense_matmul_id_in_passes() {
+        let device = Device::flex();
+        let (n_expert, expert_rows, cols) = (3, 4, 5);
+        let bank: Vec<f32> = (0..n_expert * expert_rows * cols)
+            .map(|i| ((i * 7) % 11) as f32 - 5.0)
+            .collect();
+        let x: Vec<f32> = (0..2 * cols).map(|i| (i as f32) * 0.25 - 1.0).collect();
+        // Two tokens, k = 3 slots each, sharing their token's input (x_div 3); the up half.
+        let ids = [2i64, 0, 1, 1, 1, 2];
+        let sel = ExpertRows {
+            n_expert,
+            expert_rows,
+            row_offset: 2,
+            rows: 2,
+        };
+        let mut expect = Vec::new();
+        for (s, &e) in ids.iter().enumerate() {
+            for r in 0..sel.rows {
+                let row = e as usize * expert_rows + sel.row_offset + r;
+                let xs = &x[(s / 3) * cols..][..cols];
+                expect.push((0..cols).map(|c| bank[row * cols + c] * xs[c]).sum::<f32>());
+            }
+        }
+        let whole = Tensor::<2>::from_data(
+            TensorData::new(bank.clone(), [n_expert * expert_rows, cols]),
+            &device,
+        );
+        // Parts of 5 rows: 0..5, 5..10, 10..12.
+        let split = DenseWeight::from_values(
+            bank.clone(),
+            [n_expert * expert_rows, cols],
+            &device,
+            (5 * cols * size_of::<f32>()) as u64,
+            burn::tensor::FloatDType::F32,
+        )
+        .unwrap();
+        let x = Tensor::<2>::from_data(TensorData::new(x, [2, cols]), &device);
+        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids.to_vec(), [6]), &device);
+        let per_slot = sel.rows * cols * size_of::<f32>();
+        for w in [DenseWeight::new(whole), split] {
+            for budget in [usize::MAX, per_slot, 4 * per_slot] {
+                let y = w.matmul_id_within(x.clone(), ids.clone(), sel, 3, budget);
+                assert_eq!(y.dims(), [6, sel.rows]);
+                let got = y.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+                for (g, e) in got.iter().zip(&expect) {
+                    assert!((g - e).abs() <= 1e-4 * e.abs().max(1.0), "{got:?} vs {expect:?}");
+                }
+            }
+        }
     }
 }
