@@ -56,8 +56,8 @@ pub fn moe_route(
                     best_e = e;
                 }
             }
-            // No candidate only when the row holds NaN: expert 0 with no weight, so the slot
-            // reads inside the bank and adds nothing.
+            // No candidate only when the row holds NaN (its first pick is then expert 0 with
+            // a NaN weight): expert 0 with no weight, so every id stays inside the bank.
             let found = best_e < n_expert;
             best_p = select(found, best_p, 0.0f32);
             best_e = select(found, best_e, 0u32);

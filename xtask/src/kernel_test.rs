@@ -317,7 +317,7 @@ fn moe_rows(
                 let what = if case.own_x { "down, 2 parts" } else { "up half" };
                 push(
                     format!("{t} gemv_id {} ({what})", config.name()),
-                    format!("{}x{} k={}", case.tokens, case.k, case.n_expert),
+                    format!("{}x{} of {}", case.tokens, case.k, case.n_expert),
                     e,
                 );
             }

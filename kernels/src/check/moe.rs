@@ -14,12 +14,14 @@ use gguf::GgmlType;
 pub const ROUTE_TOL: f64 = 1e-5;
 
 /// `(tokens, n_expert, k, norm)` routing cases: Qwen3-MoE's 128 experts choosing 8, the
-/// fixtures' 4 choosing 2, one choosing all, unnormalised weights.
+/// fixtures' 4 choosing 2, one choosing all, one choosing one, unnormalised weights, more
+/// tokens than a cube's 64 units.
 pub fn route_cases() -> Vec<(usize, usize, usize, bool)> {
     vec![
         (5, 128, 8, true),
         (3, 4, 2, true),
         (1, 8, 8, false),
+        (4, 16, 1, true),
         (70, 60, 4, false),
     ]
 }
