@@ -204,10 +204,16 @@ pub fn launch_moe_route(
     let scores = n.checked_mul(n_expert).filter(|s| *s <= u32::MAX as usize);
     let picks = n.checked_mul(k).filter(|s| *s <= u32::MAX as usize);
     let (Some(scores), Some(picks)) = (scores, picks) else {
-        return Err(shape_err(OP, format!("{n} tokens x {n_expert} experts: too many")));
+        return Err(shape_err(
+            OP,
+            format!("{n} tokens x {n_expert} experts: too many"),
+        ));
     };
     if k == 0 || k > n_expert {
-        return Err(shape_err(OP, format!("{k} of {n_expert} experts per token")));
+        return Err(shape_err(
+            OP,
+            format!("{k} of {n_expert} experts per token"),
+        ));
     }
     if logits.len() < scores || ids.len() < picks || weights.len() < picks {
         return Err(shape_err(
@@ -326,7 +332,9 @@ pub fn launch_gemv_id(
     };
     let inputs = slots.div_ceil(x_div).checked_mul(cols);
     if row_offset + rows > expert_rows
-        || row_start.checked_add(part_rows).is_none_or(|e| e > bank_rows)
+        || row_start
+            .checked_add(part_rows)
+            .is_none_or(|e| e > bank_rows)
         || inputs.is_none_or(|i| x.len() < i || i > u32::MAX as usize)
         || ids.len() < slots
         || y.len() < outs

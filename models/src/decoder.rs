@@ -480,11 +480,7 @@ impl Decoder {
                             m.n_expert
                         )));
                     }
-                    expect(
-                        n("ffn_gate_exps"),
-                        experts.ffn_shape(),
-                        [m.n_ff_expert, e],
-                    )?;
+                    expect(n("ffn_gate_exps"), experts.ffn_shape(), [m.n_ff_expert, e])?;
                 }
                 (Ffn::Moe { .. }, None) => {
                     return Err(Error::Model(format!(

@@ -314,7 +314,11 @@ fn moe_rows(
             for &config in &configs {
                 let e = gemv_id_error(client, t, &bytes, &reference, *case, config, 5 + i as u64)
                     .map_err(|e| e.to_string());
-                let what = if case.own_x { "down, 2 parts" } else { "up half" };
+                let what = if case.own_x {
+                    "down, 2 parts"
+                } else {
+                    "up half"
+                };
                 push(
                     format!("{t} gemv_id {} ({what})", config.name()),
                     format!("{}x{} of {}", case.tokens, case.k, case.n_expert),

@@ -311,10 +311,7 @@ impl<'a> GgufLoader<'a> {
         let [n_expert, rows, cols]: [usize; 3] =
             info.shape().try_into().map_err(|_| Error::Tensor {
                 name: name.into(),
-                reason: format!(
-                    "expected a 3-D expert bank, found shape {:?}",
-                    info.shape()
-                ),
+                reason: format!("expected a 3-D expert bank, found shape {:?}", info.shape()),
             })?;
         // No overflow: the reader checked the bank's size against the file.
         let (w, why) = self.matrix(info, self.file.tensor_data(info), [n_expert * rows, cols])?;

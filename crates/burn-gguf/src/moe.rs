@@ -285,11 +285,13 @@ impl GgmlExperts {
         };
         let (gate, up) = match &self.up {
             Some(up) => (
-                self.gate.matmul_id(x.clone(), ids.clone(), half(0, d_ff), k),
+                self.gate
+                    .matmul_id(x.clone(), ids.clone(), half(0, d_ff), k),
                 up.matmul_id(x, ids.clone(), half(0, d_ff), k),
             ),
             None => (
-                self.gate.matmul_id(x.clone(), ids.clone(), half(0, 2 * d_ff), k),
+                self.gate
+                    .matmul_id(x.clone(), ids.clone(), half(0, 2 * d_ff), k),
                 self.gate.matmul_id(x, ids.clone(), half(d_ff, 2 * d_ff), k),
             ),
         };
@@ -360,7 +362,10 @@ mod tests {
                 assert_eq!(y.dims(), [6, sel.rows]);
                 let got = y.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
                 for (g, e) in got.iter().zip(&expect) {
-                    assert!((g - e).abs() <= 1e-4 * e.abs().max(1.0), "{got:?} vs {expect:?}");
+                    assert!(
+                        (g - e).abs() <= 1e-4 * e.abs().max(1.0),
+                        "{got:?} vs {expect:?}"
+                    );
                 }
             }
         }

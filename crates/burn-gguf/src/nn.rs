@@ -363,8 +363,8 @@ impl DenseWeight {
                 .greater_equal_elem(0)
                 .bool_and(local.clone().lower_elem(part_rows));
             let idx = local.clamp(0, part_rows - 1);
-            let part = w.clone().select(0, idx).cast(FloatDType::F32)
-                * inside.float().reshape([n, 1]);
+            let part =
+                w.clone().select(0, idx).cast(FloatDType::F32) * inside.float().reshape([n, 1]);
             out = Some(match out {
                 None => part,
                 Some(acc) => acc + part,
