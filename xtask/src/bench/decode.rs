@@ -82,12 +82,15 @@ fn empty(out: &mut [u32]) {
     out[0] = 1u32;
 }
 
-/// Per-token costs of greedy decoding `steps` tokens of `model` after [`PROMPT`], with a
-/// warm-up generation first (kernels compiled).
+/// Per-token costs of greedy decoding `steps` tokens of `model` after [`PROMPT`], in `rounds`
+/// rounds, each from an empty cache (as llama-bench's `tg` runs), after a warm-up generation
+/// (kernels compiled). Wall time per token is the median round's; launches and CPU time are
+/// summed over all rounds.
 pub(super) fn decode_costs(
     label: &str,
     path: &Path,
     steps: usize,
+    rounds: usize,
     floor_s: f64,
 ) -> Result<Value, String> {
     let loaded = burn_gguf_cli::run::load(path, false, false)?;
@@ -98,61 +101,72 @@ pub(super) fn decode_costs(
     burn_gguf_models::generate(model, tokenizer, PROMPT, 8, &mut sampler, |_| {})
         .map_err(|e| e.to_string())?;
     let ids = tokenizer.encode(PROMPT, true).map_err(|e| e.to_string())?;
-    let mut state = model.new_cache();
-    let logits = model
-        .forward(&ids, &mut state, false)
-        .map_err(|e| e.to_string())?;
-    let mut token = next_token(logits, &mut sampler).map_err(|e| e.to_string())?;
-    // One decode step unobserved, then `steps` observed.
-    let logits = model
-        .forward(&[token], &mut state, false)
-        .map_err(|e| e.to_string())?;
-    token = next_token(logits, &mut sampler).map_err(|e| e.to_string())?;
     let launches = Arc::new(Launches::default());
-    let observation = LaunchObservation::new(launches.clone());
-    let (wall0, cpu0, proc0) = (Instant::now(), thread_cpu_s(), process_cpu_s());
-    for _ in 0..steps {
+    let rounds = rounds.max(1);
+    let (mut walls, mut cpu, mut proc) = (Vec::with_capacity(rounds), 0.0, 0.0);
+    for _ in 0..rounds {
+        let mut state = model.new_cache();
+        let logits = model
+            .forward(&ids, &mut state, false)
+            .map_err(|e| e.to_string())?;
+        let mut token = next_token(logits, &mut sampler).map_err(|e| e.to_string())?;
+        // One decode step unobserved, then `steps` observed.
         let logits = model
             .forward(&[token], &mut state, false)
             .map_err(|e| e.to_string())?;
         token = next_token(logits, &mut sampler).map_err(|e| e.to_string())?;
+        let observation = LaunchObservation::new(launches.clone());
+        let (wall0, cpu0, proc0) = (Instant::now(), thread_cpu_s(), process_cpu_s());
+        for _ in 0..steps {
+            let logits = model
+                .forward(&[token], &mut state, false)
+                .map_err(|e| e.to_string())?;
+            token = next_token(logits, &mut sampler).map_err(|e| e.to_string())?;
+        }
+        walls.push(wall0.elapsed().as_secs_f64());
+        cpu += thread_cpu_s() - cpu0;
+        proc += process_cpu_s() - proc0;
+        drop(observation);
     }
-    let (wall, cpu, proc) = (
-        wall0.elapsed().as_secs_f64(),
-        thread_cpu_s() - cpu0,
-        process_cpu_s() - proc0,
-    );
-    drop(observation);
+    walls.sort_by(f64::total_cmp);
+    let wall = walls[walls.len() / 2];
     let counts = launches.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let total: usize = counts.values().sum();
-    let per_token = total as f64 / steps as f64;
+    let observed = (steps * rounds) as f64;
+    let per_token = total as f64 / observed;
     let mut by_kernel: Vec<(&str, usize)> = counts.into_iter().collect();
     by_kernel.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     let n = steps as f64;
+    let ms = |round_s: f64| round_s / n * 1e3;
     println!(
         "  {label}: {per_token:.1} kernels/token, host {:.2} ms/token (process CPU {:.2} ms), \
-         {:.2} ms/token = {:.2} tokens/s; launch floor {:.3} ms/token",
-        cpu / n * 1e3,
-        proc / n * 1e3,
-        wall / n * 1e3,
+         {:.2} ms/token = {:.2} tokens/s (median of {rounds} rounds of {steps}; {:.2}-{:.2} ms); \
+         launch floor {:.3} ms/token",
+        cpu / observed * 1e3,
+        proc / observed * 1e3,
+        ms(wall),
         n / wall,
+        ms(walls[0]),
+        ms(walls[walls.len() - 1]),
         per_token * floor_s * 1e3
     );
     for (name, c) in by_kernel.iter().take(12) {
-        println!("      {:>7.2}/token  {name}", *c as f64 / n);
+        println!("      {:>7.2}/token  {name}", *c as f64 / observed);
     }
     Ok(json!({
         "model": path.display().to_string(),
         "n_layers": model.config().n_layers,
         "steps": steps,
+        "rounds": rounds,
         "kernels_per_token": per_token,
         "kernels_per_token_by_name": by_kernel
             .iter()
-            .map(|(k, c)| json!({"kernel": k, "per_token": *c as f64 / n}))
+            .map(|(k, c)| json!({"kernel": k, "per_token": *c as f64 / observed}))
             .collect::<Vec<_>>(),
-        "host_ms_per_token": cpu / n * 1e3,
-        "process_cpu_ms_per_token": proc / n * 1e3,
-        "ms_per_token": wall / n * 1e3,
+        "host_ms_per_token": cpu / observed * 1e3,
+        "process_cpu_ms_per_token": proc / observed * 1e3,
+        "ms_per_token": ms(wall),
+        "ms_per_token_rounds": walls.iter().map(|w| ms(*w)).collect::<Vec<_>>(),
         "decode_tokens_per_s": n / wall,
         "launch_floor_ms_per_token": per_token * floor_s * 1e3,
     }))
@@ -287,7 +301,7 @@ pub(super) fn llama_bench(
 /// costs, its fresh-process first token, and llama.cpp's figures when `llama` is given.
 pub(super) fn run(
     client: &Client,
-    models: &[(&str, PathBuf, usize)],
+    models: &[(&str, PathBuf, usize, usize)],
     llama: Option<&Path>,
 ) -> Value {
     println!("decode (greedy, after \"{PROMPT}\"):");
@@ -301,7 +315,7 @@ pub(super) fn run(
     println!("  empty kernel dispatch: {:.1} us", floor * 1e6);
     let mut out = serde_json::Map::new();
     out.insert("empty_kernel_us".into(), json!(floor * 1e6));
-    for (label, path, steps) in models {
+    for (label, path, steps, rounds) in models {
         if !path.is_file() {
             println!("  {label}: skipped: {} not found", path.display());
             out.insert(
@@ -310,7 +324,7 @@ pub(super) fn run(
             );
             continue;
         }
-        let mut v = decode_costs(label, path, *steps, floor).unwrap_or_else(|e| {
+        let mut v = decode_costs(label, path, *steps, *rounds, floor).unwrap_or_else(|e| {
             println!("  {label}: failed: {e}");
             json!({"skipped": e})
         });
