@@ -12,8 +12,13 @@
 //!   flash-attention decode: `flash_attn_ext` with `split_k`, then its reduce step).
 //! - [`attention_combine`]: that merge, when the keys needed more than one split.
 //!
-//! The cache of one layer is `[n_head_kv, capacity, head_dim]` f32 (Burn order), position `p`
-//! of KV head `g` at `(g * capacity + p) * head_dim`.
+//! The cache of one layer holds `slots` sequences: `[slots * n_head_kv, capacity, head_dim]` f32
+//! (Burn order), position `p` of KV head `g` of slot `c` at
+//! `((c * n_head_kv + g) * capacity + p) * head_dim`. Each token row of a launch names its slot
+//! and position in a `rows` buffer (`[n, 2]` u32: slot, position), so one launch serves a
+//! prompt's rows in one slot (positions `past..past + n`) or one decode row of each of several
+//! sequences at their own positions (batched decode); a row whose slot or position is out of
+//! range does nothing.
 use crate::KernelError;
 use cubecl::client::Client;
 use cubecl::prelude::*;
@@ -33,10 +38,13 @@ pub const ATTENTION_UNITS: u32 = 64;
 ///   the same buffer: one projection of Q, K and V together).
 /// - With `norm`, query and key heads are RMS-normalised with `q_norm` / `k_norm`
 ///   (`[2 * half]` each): `x * (1 / sqrt(mean(x^2) + eps)) * w`, ggml's order.
-/// - RoPE of position `past + t` from `cos` / `sin` (`[positions, half]`: row `p` holds the
-///   angles of position `p`); `neox` pairs `(i, i + half)`, otherwise `(2i, 2i + 1)`.
+/// - Token `t` is at slot `rows[2t]`, position `p = rows[2t + 1]`; a token with a slot not
+///   below `slots` or a position not below `positions` (at most the cache's capacity and the
+///   tables' rows) is skipped.
+/// - RoPE of position `p` from `cos` / `sin` (`[positions, half]`: row `p` holds the angles
+///   of position `p`); `neox` pairs `(i, i + half)`, otherwise `(2i, 2i + 1)`.
 /// - Queries go to `q_out` `[n, n_head, 2 * half]`; keys and values to `k_cache` /
-///   `v_cache` `[n_head_kv, capacity, 2 * half]` at position `past + t`.
+///   `v_cache` `[slots * n_head_kv, capacity, 2 * half]` at the token's slot and position.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 pub fn qk_rope_cache(
@@ -46,6 +54,7 @@ pub fn qk_rope_cache(
     k_norm: &[f32],
     cos: &[f32],
     sin: &[f32],
+    rows: &[u32],
     q_out: &mut [f32],
     k_cache: &mut [f32],
     v_cache: &mut [f32],
@@ -57,8 +66,9 @@ pub fn qk_rope_cache(
     k_off: u32,
     v_stride: u32,
     v_off: u32,
-    past: u32,
+    slots: u32,
     capacity: u32,
+    positions: u32,
     eps: f32,
     #[comptime] norm: bool,
     #[comptime] neox: bool,
@@ -66,16 +76,21 @@ pub fn qk_rope_cache(
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
     let row = cube * CUBE_DIM_X + UNIT_POS_X;
     let per_token = n_head + 2 * n_head_kv;
-    if row < n * per_token {
+    let t = row / per_token;
+    // Out-of-range units read row 0 (in range) and then do nothing.
+    let at = select(row < n * per_token, t * 2, 0);
+    let slot = rows[at as usize];
+    let pos = rows[(at + 1) as usize];
+    if row < n * per_token && slot < slots && pos < positions {
         let hd = 2 * half;
-        let t = row / per_token;
         let j = row % per_token;
-        let pos = past + t;
+        // The token's KV heads start at this cache row.
+        let base = slot * n_head_kv;
         if j >= n_head + n_head_kv {
             // A value head: copied into the cache as it is.
             let g = j - n_head - n_head_kv;
             let src = t * v_stride + v_off + g * hd;
-            let dst = (g * capacity + pos) * hd;
+            let dst = ((base + g) * capacity + pos) * hd;
             for d in 0..hd {
                 v_cache[(dst + d) as usize] = v[(src + d) as usize];
             }
@@ -118,7 +133,7 @@ pub fn qk_rope_cache(
                     q_out[(dst + a) as usize] = y1;
                     q_out[(dst + b) as usize] = y2;
                 } else {
-                    let dst = ((j - n_head) * capacity + pos) * hd;
+                    let dst = ((base + j - n_head) * capacity + pos) * hd;
                     k_cache[(dst + a) as usize] = y1;
                     k_cache[(dst + b) as usize] = y2;
                 }
@@ -128,10 +143,14 @@ pub fn qk_rope_cache(
 }
 
 /// One cube of [`ATTENTION_UNITS`] units per (query row `t`, head `h`, split `s`), cubes
-/// numbered `((t - t0) * n_head + h) * splits + s` (a launch covers query rows `t0..n`). Query `t` sits at position `p = past + t` and
-/// sees keys `j <= p` with `p - j < window` (`window == 0`: no window); query head `h` reads
-/// KV head `h / rep`. The cube scores keys `lo + s * split ..` (at most `split`) into shared
-/// memory with `scale * dot(q, k)`, takes their softmax and the weighted sum of the values.
+/// numbered `((t - t0) * n_head + h) * splits + s` (a launch covers query rows `t0..n`). Query
+/// `t` reads slot `c = rows[2t]` of the caches (`[slots * n_head_kv, capacity, head_dim]`),
+/// sits at position `p = rows[2t + 1]` and sees keys `j <= p` with `p - j < window`
+/// (`window == 0`: no window) from `lo = p + 1 - window` (0 without a window or before it
+/// fills); query head `h` reads KV head `h / rep` of its slot. A row whose slot or position is
+/// out of range does nothing. The cube scores keys `lo + s * split ..` (at most `split`) into
+/// shared memory with `scale * dot(q, k)`, takes their softmax and the weighted sum of the
+/// values.
 ///
 /// With `direct` (one split covers every key) it writes `out` `[n, n_head, head_dim]`;
 /// otherwise the unnormalised sums to `part_acc` `[n - t0, n_head, splits, head_dim]` and the
@@ -143,6 +162,7 @@ pub fn attention(
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
+    rows: &[u32],
     out: &mut [f32],
     part_acc: &mut [f32],
     part_ml: &mut [f32],
@@ -151,9 +171,8 @@ pub fn attention(
     rep: u32,
     head_dim: u32,
     capacity: u32,
-    past: u32,
+    slots: u32,
     window: u32,
-    lo: u32,
     splits: u32,
     t0: u32,
     scale: f32,
@@ -168,18 +187,22 @@ pub fn attention(
     let th = cube / splits;
     let h = th % n_head;
     let t = t0 + th / n_head;
-    // Whole cubes past the last query (cube counts are rounded up) do nothing; the condition is
-    // the same for every unit of a cube, so the barriers below stay uniform.
-    let live = t < n;
-    let p = past + t;
+    // Whole cubes past the last query (cube counts are rounded up), and rows whose slot or
+    // position is out of range, do nothing; the condition is the same for every unit of a
+    // cube, so the barriers below stay uniform.
+    let at = select(t < n, t * 2, 0);
+    let slot = rows[at as usize];
+    let p = rows[(at + 1) as usize];
+    let live = t < n && slot < slots && p < capacity;
+    let mut lo = 0u32;
+    if window > 0 && p + 1 > window {
+        lo = p + 1 - window;
+    }
     let k0 = lo + s * split;
     // Visible keys of this split: [k_start, k_end).
-    let mut k_start = k0;
-    if window > 0 && p + 1 > window {
-        k_start = max(k0, p + 1 - window);
-    }
+    let k_start = k0;
     let k_end = min(k0 + split, p + 1);
-    let g = h / rep;
+    let g = slot * (n_head / rep) + h / rep;
     let q_base = (t * n_head + h) * head_dim;
     let mut scores = Shared::<[f32]>::new_slice(comptime!(split as usize));
 
@@ -304,21 +327,24 @@ pub struct QkRopeShape {
     pub v_stride: usize,
     /// Column of the first value head in the V buffer.
     pub v_off: usize,
-    /// Position of the first token (tokens already cached).
-    pub past: usize,
-    /// Positions the cache holds: its second dimension.
+    /// Sequences the caches hold (their first dimension is `slots * n_head_kv`).
+    pub slots: usize,
+    /// Positions the cache holds per slot: its second dimension.
     pub capacity: usize,
+    /// Bound on the tokens' positions: at most `capacity` and the rows of the RoPE tables; a
+    /// token at or past it is skipped.
+    pub positions: usize,
 }
 
 /// Normalises (with `norm`: `q_norm`, `k_norm` `[head_dim]`, `eps`), rotates and stores one
 /// step's heads, [`qk_rope_cache`]: queries of `qk` to `q_out` `[n, n_head, head_dim]`, keys
-/// of `qk` and values of `v` into `k_cache` / `v_cache` `[n_head_kv, capacity, head_dim]` at
-/// positions `past..past + n`. `cos` / `sin`: `[positions, head_dim / 2]` f32, at least
-/// `past + n` positions. Without `norm`, `q_norm` and `k_norm` are not read.
+/// of `qk` and values of `v` into `k_cache` / `v_cache` `[slots * n_head_kv, capacity,
+/// head_dim]` at each token's slot and position (`rows` `[n, 2]` u32). `cos` / `sin`:
+/// `[positions, head_dim / 2]` f32. Without `norm`, `q_norm` and `k_norm` are not read.
 ///
 /// # Errors
-/// An odd `head_dim`, heads that do not fit their strides, positions past `capacity` or the
-/// tables, a buffer shorter than the shapes, or index arithmetic past `u32`.
+/// An odd `head_dim`, heads that do not fit their strides, `positions` past `capacity`, a
+/// buffer shorter than the shapes, or index arithmetic past `u32`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_qk_rope_cache(
     client: &Client,
@@ -328,6 +354,7 @@ pub fn launch_qk_rope_cache(
     k_norm: BufferArg,
     cos: BufferArg,
     sin: BufferArg,
+    rows: BufferArg,
     q_out: BufferArg,
     k_cache: BufferArg,
     v_cache: BufferArg,
@@ -337,11 +364,13 @@ pub fn launch_qk_rope_cache(
 ) -> Result<(), KernelError> {
     const OP: &str = "qk_rope_cache";
     let hd = s.head_dim;
-    let end = s.past.checked_add(s.n);
+    let end = Some(s.positions);
     let need = |a: usize, b: usize| a.checked_mul(b);
     let q_len = need(s.n, s.n_head).and_then(|v| need(v, hd));
-    let cache_len = need(s.n_head_kv, s.capacity).and_then(|v| need(v, hd));
-    let table_len = end.and_then(|e| need(e, hd / 2));
+    let cache_len = need(s.slots, s.n_head_kv)
+        .and_then(|v| need(v, s.capacity))
+        .and_then(|v| need(v, hd));
+    let table_len = need(s.positions, hd / 2);
     let qk_cols = need(s.n_head, hd).and_then(|q| {
         s.k_off
             .checked_add(need(s.n_head_kv, hd)?)
@@ -373,6 +402,12 @@ pub fn launch_qk_rope_cache(
         return Err(crate::shape_err(
             OP,
             format!("positions up to {end} do not fit a cache of {}", s.capacity),
+        ));
+    }
+    if rows.len() < 2 * s.n {
+        return Err(crate::shape_err(
+            OP,
+            format!("{} values of rows for {} tokens", rows.len(), s.n),
         ));
     }
     let norm_len = if norm.is_some() { hd } else { 0 };
@@ -410,9 +445,10 @@ pub fn launch_qk_rope_cache(
     let units = u32::try_from(units)
         .map_err(|_| crate::shape_err(OP, format!("{units} head rows: too many")))?;
     let per_cube = 64u32;
-    // SAFETY: units past the last head row do nothing; every index is below the lengths
-    // checked above (query heads below q_len, cache rows below capacity, table rows below
-    // past + n, projection columns below their strides, norm weights below head_dim).
+    // SAFETY: units past the last head row, and tokens whose slot or position is out of
+    // range, do nothing; every index is below the lengths checked above (rows below 2n, query
+    // heads below q_len, cache rows below slots * n_head_kv * capacity, table rows below
+    // positions, projection columns below their strides, norm weights below head_dim).
     unsafe {
         qk_rope_cache::launch_unchecked(
             client,
@@ -424,6 +460,7 @@ pub fn launch_qk_rope_cache(
             k_norm,
             cos,
             sin,
+            rows,
             q_out,
             k_cache,
             v_cache,
@@ -435,8 +472,9 @@ pub fn launch_qk_rope_cache(
             s.k_off as u32,
             s.v_stride as u32,
             s.v_off as u32,
-            s.past as u32,
+            s.slots as u32,
             s.capacity as u32,
+            s.positions as u32,
             norm.unwrap_or(0.0),
             norm.is_some(),
             neox,
@@ -448,7 +486,7 @@ pub fn launch_qk_rope_cache(
 /// Shapes of one [`launch_attention`] call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
-    /// Query rows, at positions `past..past + n`.
+    /// Query rows, each at its own slot and position (the `rows` buffer).
     pub n: usize,
     /// Query heads.
     pub n_head: usize,
@@ -456,12 +494,15 @@ pub struct AttentionShape {
     pub n_head_kv: usize,
     /// Values per head.
     pub head_dim: usize,
-    /// Positions the cache holds: its second dimension.
+    /// Sequences the caches hold (their first dimension is `slots * n_head_kv`).
+    pub slots: usize,
+    /// Positions the cache holds per slot: its second dimension.
     pub capacity: usize,
-    /// Tokens cached before the first query row.
-    pub past: usize,
     /// Sliding window: a query at `p` sees keys `j` with `p - j < window` (`None`: all).
     pub window: Option<usize>,
+    /// The most keys any query row sees (`min(p + 1, window)` for the largest position
+    /// `p`): the key axis is split into `ceil(keys / ATTENTION_SPLIT)` parts.
+    pub keys: usize,
 }
 
 /// Most f32 values of split partials one [`launch_attention`] allocates at a time: longer
@@ -469,45 +510,49 @@ pub struct AttentionShape {
 const ATTENTION_SCRATCH_VALUES: usize = 8 << 20;
 
 /// Causal grouped-query attention of `q` `[n, n_head, head_dim]` over keys and values
-/// `[n_head_kv, capacity, head_dim]` (positions `0..past + n` filled), into `out`
+/// `[slots * n_head_kv, capacity, head_dim]`, query row `t` over slot `rows[2t]` up to
+/// position `rows[2t + 1]` (`rows` `[n, 2]` u32; positions up to it filled), into `out`
 /// `[n, n_head, head_dim]`: softmax of `scale * q k^T` over the visible keys, times `v`
-/// ([`attention`], and [`attention_combine`] when the visible keys span more than
-/// [`ATTENTION_SPLIT`]). All f32.
+/// ([`attention`], and [`attention_combine`] when `keys` is more than [`ATTENTION_SPLIT`]).
+/// All f32. A row whose slot or position is out of range is left unwritten.
 ///
 /// # Errors
-/// `n_head` not a multiple of `n_head_kv`, positions past the capacity, a window of 0, buffers
-/// shorter than the shapes, or index arithmetic past `u32`.
+/// `n_head` not a multiple of `n_head_kv`, `keys` of 0 or past the capacity, a window of 0,
+/// buffers shorter than the shapes, or index arithmetic past `u32`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_attention(
     client: &Client,
     q: BufferArg,
     k_cache: BufferArg,
     v_cache: BufferArg,
+    rows: BufferArg,
     out: BufferArg,
     s: AttentionShape,
     scale: f32,
 ) -> Result<(), KernelError> {
     const OP: &str = "attention";
     let hd = s.head_dim;
-    let end = s.past.checked_add(s.n);
     let q_len = s.n.checked_mul(s.n_head).and_then(|v| v.checked_mul(hd));
     let cache_len = s
-        .n_head_kv
-        .checked_mul(s.capacity)
+        .slots
+        .checked_mul(s.n_head_kv)
+        .and_then(|v| v.checked_mul(s.capacity))
         .and_then(|v| v.checked_mul(hd));
-    let (Some(end), Some(q_len), Some(cache_len)) = (end, q_len, cache_len) else {
+    let (Some(q_len), Some(cache_len)) = (q_len, cache_len) else {
         return Err(crate::shape_err(OP, format!("{s:?}: sizes overflow")));
     };
     if s.n_head_kv == 0
         || hd == 0
         || !s.n_head.is_multiple_of(s.n_head_kv)
         || s.window == Some(0)
-        || end > s.capacity
+        || s.keys == 0
+        || s.keys > s.capacity
         || q_len.max(cache_len) > u32::MAX as usize
+        || rows.len() < 2 * s.n
     {
         return Err(crate::shape_err(
             OP,
-            format!("{s:?}: heads, window or positions that do not fit"),
+            format!("{s:?}: heads, window, keys or rows that do not fit"),
         ));
     }
     if q.len() < q_len
@@ -529,9 +574,7 @@ pub fn launch_attention(
     if s.n == 0 || s.n_head == 0 {
         return Ok(());
     }
-    // Keys any query row sees: from the first row's window start to the last row.
-    let lo = s.window.map_or(0, |w| (s.past + 1).saturating_sub(w));
-    let splits = (end - lo).div_ceil(ATTENTION_SPLIT as usize);
+    let splits = s.keys.div_ceil(ATTENTION_SPLIT as usize);
     let rep = (s.n_head / s.n_head_kv) as u32;
     let window = s.window.map_or(0, |w| w.min(u32::MAX as usize) as u32);
     let dim = CubeDim::new_1d(ATTENTION_UNITS);
@@ -542,9 +585,8 @@ pub fn launch_attention(
             rep,
             hd as u32,
             s.capacity as u32,
-            s.past as u32,
+            s.slots as u32,
             window,
-            lo as u32,
             splits as u32,
             t as u32,
         )
@@ -552,12 +594,14 @@ pub fn launch_attention(
     if splits == 1 {
         let cubes = u32::try_from(s.n * s.n_head)
             .map_err(|_| crate::shape_err(OP, format!("{s:?}: too many query heads")))?;
-        let (n, nh, rep, hd, cap, past, window, lo, splits, t0) = args(0);
+        let (n, nh, rep, hd, cap, slots, window, splits, t0) = args(0);
         // SAFETY: one-value placeholders for the partials, which a direct launch never touches.
         let none = || unsafe { BufferArg::from_raw_parts(client.empty(4), 1) };
-        // SAFETY: cubes past the last query row do nothing; q and out are read and written
-        // below n * n_head * head_dim, the caches below n_head_kv * capacity * head_dim (keys
-        // up to past + n <= capacity), the shared scores below ATTENTION_SPLIT (one split).
+        // SAFETY: cubes past the last query row, and rows whose slot or position is out of
+        // range, do nothing; rows are read below 2n, q and out below n * n_head * head_dim, the
+        // caches below slots * n_head_kv * capacity * head_dim (slot < slots, keys up to a
+        // position < capacity), the shared scores below ATTENTION_SPLIT (each cube's keys
+        // lie in [lo + s * split, lo + (s + 1) * split)).
         unsafe {
             attention::launch_unchecked(
                 client,
@@ -566,6 +610,7 @@ pub fn launch_attention(
                 q,
                 k_cache,
                 v_cache,
+                rows,
                 out,
                 none(),
                 none(),
@@ -574,9 +619,8 @@ pub fn launch_attention(
                 rep,
                 hd,
                 cap,
-                past,
+                slots,
                 window,
-                lo,
                 splits,
                 t0,
                 scale,
@@ -588,27 +632,27 @@ pub fn launch_attention(
     }
     // Query rows per launch, so the partials stay within ATTENTION_SCRATCH_VALUES.
     let per_row = s.n_head * splits * hd;
-    let rows = (ATTENTION_SCRATCH_VALUES / per_row).clamp(1, s.n);
-    let (acc_len, ml_len) = (rows * per_row, rows * s.n_head * splits * 2);
+    let per_launch = (ATTENTION_SCRATCH_VALUES / per_row).clamp(1, s.n);
+    let (acc_len, ml_len) = (per_launch * per_row, per_launch * s.n_head * splits * 2);
     let acc = client.empty(acc_len * 4);
     let ml = client.empty(ml_len * 4);
-    let [q, k_cache, v_cache, out] = [q, k_cache, v_cache, out].map(|a| {
+    let [q, k_cache, v_cache, rows, out] = [q, k_cache, v_cache, rows, out].map(|a| {
         let len = a.len();
         match a {
             BufferArg::Handle { handle } => Ok((handle.handle, len)),
             BufferArg::Alias { .. } => Err(crate::shape_err(OP, "aliased buffer".into())),
         }
     });
-    let (q, k_cache, v_cache, out) = (q?, k_cache?, v_cache?, out?);
+    let (q, k_cache, v_cache, rows, out) = (q?, k_cache?, v_cache?, rows?, out?);
     // SAFETY (both): the same buffers with the lengths they were given.
     let arg = |(b, len): &(cubecl::server::BufferBinding, usize)| unsafe {
         BufferArg::from_raw_parts_binding(b.clone(), *len)
     };
-    for t0 in (0..s.n).step_by(rows) {
-        let chunk = rows.min(s.n - t0);
+    for t0 in (0..s.n).step_by(per_launch) {
+        let chunk = per_launch.min(s.n - t0);
         let cubes = u32::try_from(chunk * s.n_head * splits)
             .map_err(|_| crate::shape_err(OP, format!("{s:?}: too many splits")))?;
-        let (n, nh, rep, hd_u, cap, past, window, lo, splits_u, t0_u) = args(t0);
+        let (n, nh, rep, hd_u, cap, slots, window, splits_u, t0_u) = args(t0);
         let n = n.min((t0 + chunk) as u32);
         // SAFETY: as above for q, out and the caches; the partials are written below
         // chunk * n_head * splits * (head_dim | 2) values, within `acc` and `ml`.
@@ -620,6 +664,7 @@ pub fn launch_attention(
                 arg(&q),
                 arg(&k_cache),
                 arg(&v_cache),
+                arg(&rows),
                 arg(&out),
                 BufferArg::from_raw_parts(acc.clone(), acc_len),
                 BufferArg::from_raw_parts(ml.clone(), ml_len),
@@ -628,9 +673,8 @@ pub fn launch_attention(
                 rep,
                 hd_u,
                 cap,
-                past,
+                slots,
                 window,
-                lo,
                 splits_u,
                 t0_u,
                 scale,

@@ -20,11 +20,11 @@
 //!   llama.cpp's built-in value: the key is usually absent); every sixth layer is global with
 //!   `rope.freq_base` (case C17).
 use crate::Error;
-use crate::state::{LayerKind, LayerState, SequenceState};
+use crate::state::{BatchState, LayerKind, LayerState, SequenceState};
 use burn::tensor::{Device, Tensor};
 use burn_gguf::{
-    AttentionShape, GgmlEmbedding, GgmlExperts, GgmlLinear, GgufLoader, QkNorm, QkRopeShape,
-    RopeTable, add_rms_norm, attention, gated, moe_route, qk_rope_cache,
+    AttentionShape, CacheRows, GgmlEmbedding, GgmlExperts, GgmlLinear, GgufLoader, QkNorm,
+    QkRopeShape, RopeTable, add_rms_norm, attention, gated, moe_route, qk_rope_cache,
 };
 use gguf::GgufFile;
 use std::sync::Mutex;
@@ -251,7 +251,7 @@ impl Qkv {
     /// The projections of `h` `[n, n_embd]`: `(qk, v, layout)` with the query heads at
     /// columns `0..n_head * head_dim` of `qk`, the key heads at `layout.k_off`, the value heads
     /// at `layout.v_off` of `v` (the same tensor as `qk` when stacked). `layout` leaves `n`,
-    /// `past` and `capacity` for the caller.
+    /// `slots`, `capacity` and `positions` for the caller.
     fn forward(&self, h: Tensor<2>, c: &DecoderConfig) -> (Tensor<2>, Tensor<2>, QkRopeShape) {
         let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let layout = |qk_stride, v_stride, v_off| QkRopeShape {
@@ -263,8 +263,9 @@ impl Qkv {
             k_off: q,
             v_stride,
             v_off,
-            past: 0,
+            slots: 0,
             capacity: 0,
+            positions: 0,
         };
         match self {
             Self::Stacked(w) => {
@@ -570,27 +571,73 @@ impl Decoder {
         state: &mut SequenceState,
         all_logits: bool,
     ) -> Result<Tensor<2>, Error> {
+        self.forward_batch(&mut state.0, &[(0, ids)], all_logits)
+    }
+
+    /// Runs several sequences in one pass: `seqs` holds `(slot, ids)` pairs, each slot's
+    /// `ids` the next tokens after those its slot of `state` holds (at most one entry per
+    /// slot). The projections take all the rows at once (the fused GEMV reads each weight once
+    /// per 8 rows), and each layer's KV-cache write and attention is one launch over every
+    /// slot. Returns the logits of each sequence's last token `[seqs.len(), vocab]`, or of
+    /// every row (`[sum of ids.len(), vocab]`, in `seqs` order) when `all_logits`.
+    ///
+    /// A row's result does not depend on the other rows of the pass: each row's norms,
+    /// products and attention are computed alone, in the same order.
+    ///
+    /// # Errors
+    /// No sequence, empty `ids`, a slot out of range or named twice, a token id not below the
+    /// vocabulary size, or a context past `context_length`. A failure part way through a pass
+    /// leaves every slot of `state` empty.
+    pub fn forward_batch(
+        &self,
+        state: &mut BatchState,
+        seqs: &[(usize, &[u32])],
+        all_logits: bool,
+    ) -> Result<Tensor<2>, Error> {
         let c = &self.config;
-        let n = ids.len();
-        if n == 0 {
+        if seqs.is_empty() || seqs.iter().any(|(_, ids)| ids.is_empty()) {
             return Err(Error::Model("forward needs at least one token".into()));
         }
-        let past = state.len();
-        let total = past + n;
-        if total > c.context_length {
-            return Err(Error::Model(format!(
-                "context of {total} tokens exceeds the model's {}",
-                c.context_length
-            )));
+        let mut rows = Vec::new();
+        let mut lens = state.lens().to_vec();
+        let mut last_rows = Vec::with_capacity(seqs.len());
+        let mut ids = Vec::new();
+        for &(slot, seq_ids) in seqs {
+            let Some(len) = lens.get_mut(slot) else {
+                return Err(Error::Model(format!(
+                    "slot {slot} is out of range: the state holds {} sequences",
+                    state.slots()
+                )));
+            };
+            if seqs.iter().filter(|(s, _)| *s == slot).count() > 1 {
+                return Err(Error::Model(format!(
+                    "slot {slot} is named twice in one pass"
+                )));
+            }
+            let past = *len;
+            let total = past + seq_ids.len();
+            if total > c.context_length {
+                return Err(Error::Model(format!(
+                    "context of {total} tokens exceeds the model's {}",
+                    c.context_length
+                )));
+            }
+            rows.extend((past..total).map(|p| (slot, p)));
+            ids.extend_from_slice(seq_ids);
+            last_rows.push(rows.len() - 1);
+            *len = total;
         }
+        let n = ids.len();
+        let end = rows.iter().map(|r| r.1 + 1).max().unwrap_or(0);
         let dev = &self.device;
-        state.reserve(total, c.context_length, &self.layer_kinds(), dev);
-        let capacity = state.capacity();
-        let tables = self.rope_tables(total);
+        state.reserve(end, c.context_length, &self.layer_kinds(), dev);
+        let (slots, capacity) = (state.slots(), state.capacity());
+        let tables = self.rope_tables(end);
+        let rows = CacheRows::new(rows, dev);
         let (hd, eps) = (c.head_dim, c.rms_eps);
         let scale = 1.0 / (hd as f32).sqrt();
 
-        let mut x = self.embed.forward(ids)?;
+        let mut x = self.embed.forward(&ids)?;
         if let Some(s) = c.embed_scale {
             x = x * s;
         }
@@ -613,14 +660,23 @@ impl Decoder {
             let (qk, v, layout) = l.qkv.forward(h, c);
             let layout = QkRopeShape {
                 n,
-                past,
+                slots,
                 capacity,
                 ..layout
             };
             let norm = l.qk_norm.as_ref().map(|[q, k]| QkNorm { q, k, eps });
             let table = &tables[usize::from(local)];
-            let (q, k_cache, v_cache) =
-                qk_rope_cache(qk, v, norm, table, c.rope_style, k_cache, v_cache, layout);
+            let (q, k_cache, v_cache) = qk_rope_cache(
+                qk,
+                v,
+                norm,
+                table,
+                c.rope_style,
+                k_cache,
+                v_cache,
+                &rows,
+                layout,
+            );
             let window = if local {
                 c.sliding_window.as_ref().map(|w| w.window)
             } else {
@@ -631,11 +687,12 @@ impl Decoder {
                 n_head: c.n_head,
                 n_head_kv: c.n_head_kv,
                 head_dim: hd,
+                slots,
                 capacity,
-                past,
                 window,
+                keys: 0,
             };
-            let attn = attention(q, &k_cache, &v_cache, shape, scale);
+            let attn = attention(q, &k_cache, &v_cache, &rows, shape, scale);
             layers.push(LayerState::Attention {
                 k: k_cache,
                 v: v_cache,
@@ -668,9 +725,20 @@ impl Decoder {
                 .map_or(&self.output_norm, |n| &n.attn_norm);
             (x, h) = add_rms_norm(x_mid, d, post.map(|[_, f]| f), next, eps);
         }
-        state.put_layers(layers, total);
+        state.put_layers(layers, lens);
         drop(x);
-        let h = if all_logits { h } else { h.narrow(0, n - 1, 1) };
+        let h = if all_logits || last_rows.len() == n {
+            h
+        } else if let [last] = last_rows[..] {
+            h.narrow(0, last, 1)
+        } else {
+            let at: Vec<i64> = last_rows.iter().map(|&r| r as i64).collect();
+            let at = Tensor::<1, burn::tensor::Int>::from_data(
+                burn::tensor::TensorData::new(at, [last_rows.len()]),
+                dev,
+            );
+            h.select(0, at)
+        };
         Ok(self.head.forward(h))
     }
 }

@@ -14,7 +14,7 @@ pub use decoder::{
 };
 pub use generate::{CausalLm, Generation, Session, Timings, generate, generate_ids};
 pub use sampling::{Sampler, SamplerConfig};
-pub use state::{LayerKind, LayerState, SequenceState};
+pub use state::{BatchState, LayerKind, LayerState, SequenceState};
 pub use tokenizer::GgufTokenizer;
 
 /// Errors of the model layer.

@@ -1,34 +1,37 @@
-//! The per-sequence decode state: what a model keeps on the device between forward passes of
-//! one sequence, layer by layer.
+//! The decode state: what a model keeps on the device between forward passes, layer by layer,
+//! for one sequence ([`SequenceState`]) or for several decoded together ([`BatchState`]).
 //!
-//! Attention layers keep a KV cache, preallocated for `capacity` positions and written in
-//! place ([`burn_gguf::qk_rope_cache`]), so a decode step copies nothing but the new token's
-//! heads. Linear-attention layers (the gated delta-net layers of Qwen3.5, for one) keep a
-//! fixed-size recurrent state and a short convolution window instead ([`LayerState::Recurrent`]).
+//! Attention layers keep a KV cache, preallocated for `capacity` positions per sequence and
+//! written in place ([`burn_gguf::qk_rope_cache`]), so a decode step copies nothing but the new
+//! tokens' heads. The sequences of a batch share one cache tensor per layer, each in its own
+//! slot, so one kernel launch writes or attends for all of them ([`burn_gguf::CacheRows`]).
+//! Linear-attention layers (the gated delta-net layers of Qwen3.5, for one) keep a fixed-size
+//! recurrent state and a short convolution window instead ([`LayerState::Recurrent`]).
 use burn::tensor::{Device, Tensor};
 
 /// Positions a cache grows by at least, so growth is rare and sizes are few.
 pub const CAPACITY_STEP: usize = 256;
 
-/// One layer's state.
+/// One layer's state, for every slot of the batch.
 #[derive(Clone, Debug)]
 pub enum LayerState {
-    /// Keys and values of an attention layer, `[n_head_kv, capacity, head_dim]` f32 each;
-    /// positions `0..len` of the sequence are valid.
+    /// Keys and values of an attention layer, `[slots * n_head_kv, capacity, head_dim]` f32
+    /// each: slot `c`'s KV head `g` is row `c * n_head_kv + g`; positions `0..len(c)` are
+    /// valid.
     Attention {
         /// Keys, rotated.
         k: Tensor<3>,
         /// Values.
         v: Tensor<3>,
     },
-    /// A linear-attention layer's state: the recurrent state matrix `[heads, d_k, d_v]` and
-    /// the last `d_conv - 1` inputs of its causal convolution, `[d_conv - 1, channels]`, f32.
-    /// Its size does not depend on the sequence length; it cannot be cut back to an earlier
-    /// position, only reset ([`SequenceState::truncate`]).
+    /// A linear-attention layer's state: the recurrent state matrices `[slots * heads, d_k,
+    /// d_v]` and the last `d_conv - 1` inputs of its causal convolution, `[slots * (d_conv -
+    /// 1), channels]`, f32. Its size does not depend on the sequence length; it cannot be cut
+    /// back to an earlier position, only reset ([`BatchState::truncate`]).
     Recurrent {
-        /// The state matrix.
+        /// The state matrices.
         state: Tensor<3>,
-        /// The convolution window.
+        /// The convolution windows.
         conv: Tensor<2>,
     },
 }
@@ -45,45 +48,51 @@ pub enum LayerKind {
     },
 }
 
-/// The decode state of one sequence: every layer's [`LayerState`] on the device, and how many
-/// positions of the sequence it holds. Made empty by [`SequenceState::new`] (or
-/// [`SequenceState::with_capacity`] to preallocate), filled by the model's forward passes.
-#[derive(Clone, Debug, Default)]
-pub struct SequenceState {
+/// The decode state of up to `slots` sequences decoded together (a server's running
+/// requests): every layer's [`LayerState`] on the device, shared by the slots, and how many
+/// positions each slot holds. Made empty by [`BatchState::new`], filled by the model's
+/// forward passes ([`crate::Decoder::forward_batch`]).
+#[derive(Clone, Debug)]
+pub struct BatchState {
     layers: Vec<LayerState>,
-    len: usize,
+    lens: Vec<usize>,
     capacity: usize,
     /// Positions to allocate on first use (0: as needed).
     reserve: usize,
 }
 
-impl SequenceState {
-    /// An empty state; caches are allocated on the first forward pass, sized for it
-    /// (rounded up to [`CAPACITY_STEP`]), and grown when needed.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// An empty state whose caches are allocated for `positions` positions on the first
-    /// forward pass (a server's or CLI's context size), so they never grow below that.
-    pub fn with_capacity(positions: usize) -> Self {
+impl BatchState {
+    /// An empty state of `slots` sequences (at least 1); caches are allocated on the first
+    /// forward pass, sized for it (rounded up to [`CAPACITY_STEP`]), and grown when needed.
+    pub fn new(slots: usize) -> Self {
         Self {
-            reserve: positions,
-            ..Self::default()
+            layers: Vec::new(),
+            lens: vec![0; slots.max(1)],
+            capacity: 0,
+            reserve: 0,
         }
     }
 
-    /// Positions of the sequence the state holds.
-    pub fn len(&self) -> usize {
-        self.len
+    /// An empty state whose caches are allocated for `positions` positions per slot on the
+    /// first forward pass, so they never grow below that.
+    pub fn with_capacity(slots: usize, positions: usize) -> Self {
+        Self {
+            reserve: positions,
+            ..Self::new(slots)
+        }
     }
 
-    /// Whether the state holds no position.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    /// Sequences the state holds.
+    pub fn slots(&self) -> usize {
+        self.lens.len()
     }
 
-    /// Positions the attention caches hold before they must grow (0 before the first pass).
+    /// Positions slot `slot` holds (0 for a slot past the last).
+    pub fn len(&self, slot: usize) -> usize {
+        self.lens.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Positions each slot's caches hold before they must grow (0 before the first pass).
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -93,29 +102,29 @@ impl SequenceState {
         &self.layers
     }
 
-    /// Keeps the first `len` positions (nothing changes when `len >= self.len()`), so a
-    /// conversation reuses the state of its common prefix. A KV cache only forgets positions;
-    /// a recurrent layer cannot go back, so a state with one resets to empty instead. Returns
-    /// the positions kept.
-    pub fn truncate(&mut self, len: usize) -> usize {
-        if len >= self.len {
-            return self.len;
+    /// Keeps the first `len` positions of `slot` (nothing changes when `len >= len(slot)`),
+    /// so a conversation reuses the state of its common prefix; `truncate(slot, 0)` frees the
+    /// slot for a new sequence. A KV cache only forgets positions; a recurrent layer cannot go
+    /// back, so a slot of a model with one resets to empty instead. Returns the positions kept.
+    pub fn truncate(&mut self, slot: usize, len: usize) -> usize {
+        let Some(now) = self.lens.get_mut(slot) else {
+            return 0;
+        };
+        if len >= *now {
+            return *now;
         }
         let recurrent = self
             .layers
             .iter()
             .any(|l| matches!(l, LayerState::Recurrent { .. }));
-        self.len = if recurrent { 0 } else { len };
-        if recurrent {
-            self.layers.clear();
-            self.capacity = 0;
-        }
-        self.len
+        *now = if recurrent { 0 } else { len };
+        *now
     }
 
-    /// Makes room for `positions` positions: allocates the layers on first use (`kinds`, one
-    /// per layer), and grows every KV cache (to at least twice its capacity, rounded up to
-    /// [`CAPACITY_STEP`], at most `max`) when `positions` exceeds it, copying what it holds.
+    /// Makes room for `positions` positions in every slot: allocates the layers on first use
+    /// (`kinds`, one per layer), and grows every KV cache (to at least twice its capacity,
+    /// rounded up to [`CAPACITY_STEP`], at most `max`) when `positions` exceeds it, copying
+    /// what the slots hold.
     ///
     /// # Panics
     /// If `kinds` does not match the layers already allocated (a programming error: one state
@@ -128,9 +137,13 @@ impl SequenceState {
         device: &Device,
     ) {
         let round = |p: usize| p.div_ceil(CAPACITY_STEP) * CAPACITY_STEP;
+        let slots = self.slots();
         if self.layers.is_empty() {
             let cap = round(positions.max(self.reserve)).min(max).max(positions);
-            self.layers = kinds.iter().map(|k| alloc(*k, cap, device)).collect();
+            self.layers = kinds
+                .iter()
+                .map(|k| alloc(*k, slots, cap, device))
+                .collect();
             self.capacity = cap;
             return;
         }
@@ -141,10 +154,11 @@ impl SequenceState {
         let cap = round(positions.max(2 * self.capacity))
             .min(max)
             .max(positions);
-        let keep = self.len;
+        let keep = self.lens.iter().copied().max().unwrap_or(0);
         for (layer, kind) in self.layers.iter_mut().zip(kinds) {
             if let LayerState::Attention { k, v } = layer {
-                let LayerState::Attention { k: nk, v: nv } = alloc(*kind, cap, device) else {
+                let LayerState::Attention { k: nk, v: nv } = alloc(*kind, slots, cap, device)
+                else {
                     unreachable!("an attention kind allocates an attention layer")
                 };
                 let [h, _, d] = k.dims();
@@ -158,29 +172,87 @@ impl SequenceState {
 
     /// Takes every layer's state out for a forward pass, which hands each KV cache to the op
     /// that writes it in place (and must hold its only reference). Until
-    /// [`SequenceState::put_layers`] the state is empty: a pass that fails part way leaves it
-    /// so, to be filled again from scratch.
+    /// [`BatchState::put_layers`] the state is empty: a pass that fails part way leaves every
+    /// slot so, to be filled again from scratch.
     pub(crate) fn take_layers(&mut self) -> Vec<LayerState> {
         // Empty layers make the next `reserve` allocate afresh, whatever `capacity` says.
-        self.len = 0;
+        self.lens.iter_mut().for_each(|l| *l = 0);
         std::mem::take(&mut self.layers)
     }
 
-    /// Puts the layers back after a forward pass, now holding `len` positions.
-    pub(crate) fn put_layers(&mut self, layers: Vec<LayerState>, len: usize) {
+    /// Puts the layers back after a forward pass; `lens` is each slot's length now.
+    pub(crate) fn put_layers(&mut self, layers: Vec<LayerState>, lens: Vec<usize>) {
         self.layers = layers;
-        self.len = len;
+        self.lens = lens;
+    }
+
+    /// Each slot's length (to restore after [`BatchState::take_layers`]).
+    pub(crate) fn lens(&self) -> &[usize] {
+        &self.lens
     }
 }
 
-fn alloc(kind: LayerKind, capacity: usize, device: &Device) -> LayerState {
+/// The decode state of one sequence: a [`BatchState`] of one slot. Made empty by
+/// [`SequenceState::new`] (or [`SequenceState::with_capacity`] to preallocate), filled by the
+/// model's forward passes.
+#[derive(Clone, Debug)]
+pub struct SequenceState(pub(crate) BatchState);
+
+impl Default for SequenceState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SequenceState {
+    /// An empty state; caches are allocated on the first forward pass, sized for it
+    /// (rounded up to [`CAPACITY_STEP`]), and grown when needed.
+    pub fn new() -> Self {
+        Self(BatchState::new(1))
+    }
+
+    /// An empty state whose caches are allocated for `positions` positions on the first
+    /// forward pass (a server's or CLI's context size), so they never grow below that.
+    pub fn with_capacity(positions: usize) -> Self {
+        Self(BatchState::with_capacity(1, positions))
+    }
+
+    /// Positions of the sequence the state holds.
+    pub fn len(&self) -> usize {
+        self.0.len(0)
+    }
+
+    /// Whether the state holds no position.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Positions the attention caches hold before they must grow (0 before the first pass).
+    pub fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+
+    /// The layers' states (empty before the first pass), `[n_head_kv, capacity, head_dim]`
+    /// for an attention layer.
+    pub fn layers(&self) -> &[LayerState] {
+        self.0.layers()
+    }
+
+    /// Keeps the first `len` positions (see [`BatchState::truncate`]). Returns the positions
+    /// kept.
+    pub fn truncate(&mut self, len: usize) -> usize {
+        self.0.truncate(0, len)
+    }
+}
+
+fn alloc(kind: LayerKind, slots: usize, capacity: usize, device: &Device) -> LayerState {
     match kind {
         LayerKind::Attention {
             n_head_kv,
             head_dim,
         } => LayerState::Attention {
-            k: Tensor::zeros([n_head_kv, capacity, head_dim], device),
-            v: Tensor::zeros([n_head_kv, capacity, head_dim], device),
+            k: Tensor::zeros([slots * n_head_kv, capacity, head_dim], device),
+            v: Tensor::zeros([slots * n_head_kv, capacity, head_dim], device),
         },
     }
 }

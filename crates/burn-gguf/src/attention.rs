@@ -3,13 +3,15 @@
 //! one kernel each on a CubeCL device, Burn ops elsewhere; and the RoPE angle table
 //! ([`RopeTable`]) both read.
 //!
-//! A layer's cache is a pair of f32 tensors `[n_head_kv, capacity, head_dim]` (keys, values),
-//! preallocated and written in place: a decode step copies nothing but the new token's heads.
+//! A layer's cache is a pair of f32 tensors `[slots * n_head_kv, capacity, head_dim]` (keys,
+//! values) holding `slots` sequences, preallocated and written in place: a decode step copies
+//! nothing but the new tokens' heads. [`CacheRows`] says which slot and position each token
+//! row of a pass has, so one launch serves one sequence's prompt or a batch of sequences.
 use crate::nn::{RopeStyle, is_cube, rms_norm, rope};
 use crate::ops::GgmlOps;
 use burn::backend::Dispatch;
 use burn::tensor::activation::softmax;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 pub use ggml_kernels::{AttentionShape, QkRopeShape};
 
 /// Rotary angles of positions `0..positions`: `cos` and `sin` of
@@ -69,21 +71,99 @@ pub struct QkNorm<'a> {
     pub eps: f32,
 }
 
+/// Where each token row of a forward pass sits in the KV caches: its cache slot (which
+/// sequence) and its position in that sequence. On the host for checks and the Burn-op
+/// fallback, and on the device (`[n * 2]` u32: slot, position per row) for the kernels.
+///
+/// One sequence's `n` new tokens after `past` cached ones are [`CacheRows::sequence`]; a
+/// batched decode step is one row per sequence, each in its own slot at its own position.
+#[derive(Clone, Debug)]
+pub struct CacheRows {
+    rows: Vec<(usize, usize)>,
+    device: Tensor<1, Int>,
+}
+
+impl CacheRows {
+    /// Rows at `(slot, position)` each, in the order of the forward pass's token rows.
+    ///
+    /// # Panics
+    /// A slot or position past `u32::MAX` (no cache is that large).
+    pub fn new(rows: Vec<(usize, usize)>, device: &Device) -> Self {
+        let flat: Vec<u32> = rows
+            .iter()
+            .flat_map(|&(c, p)| {
+                [c, p].map(|v| u32::try_from(v).expect("cache slots and positions fit u32"))
+            })
+            .collect();
+        let len = flat.len();
+        let device = Tensor::from_data(TensorData::new(flat, [len]), (device, DType::U32));
+        Self { rows, device }
+    }
+
+    /// `n` tokens of the sequence in `slot` at positions `past..past + n`.
+    pub fn sequence(slot: usize, past: usize, n: usize, device: &Device) -> Self {
+        Self::new((past..past + n).map(|p| (slot, p)).collect(), device)
+    }
+
+    /// The rows, `(slot, position)` each.
+    pub fn rows(&self) -> &[(usize, usize)] {
+        &self.rows
+    }
+
+    /// Token rows.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether there is no row.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// One past the largest position (0 without rows).
+    pub fn end(&self) -> usize {
+        self.rows.iter().map(|r| r.1 + 1).max().unwrap_or(0)
+    }
+
+    /// The most keys any row sees: `min(p + 1, window)` for its position `p`.
+    pub fn keys(&self, window: Option<usize>) -> usize {
+        self.rows
+            .iter()
+            .map(|&(_, p)| window.map_or(p + 1, |w| (p + 1).min(w)))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Runs of consecutive rows in one slot at consecutive positions: `(first row, slot,
+    /// first position, rows)` each (one run for a sequence's rows).
+    fn runs(&self) -> Vec<(usize, usize, usize, usize)> {
+        let mut runs: Vec<(usize, usize, usize, usize)> = Vec::new();
+        for (t, &(c, p)) in self.rows.iter().enumerate() {
+            match runs.last_mut() {
+                Some((_, rc, rp, len)) if *rc == c && *rp + *len == p => *len += 1,
+                _ => runs.push((t, c, p, 1)),
+            }
+        }
+        runs
+    }
+}
+
 /// Writes one step's heads into a layer's KV cache: from the projections `qk` `[n, qk_stride]`
 /// (query heads from column 0, key heads from `layout.k_off`) and `v` `[n, v_stride]` (value
 /// heads from `layout.v_off`; `qk` and `v` may be one stacked Q/K/V projection), optionally
-/// RMS-normalises Q and K per head (`norm`), rotates them by positions
-/// `layout.past..layout.past + layout.n` of `table` (`style`), and stores K and V into
-/// `k_cache` / `v_cache` `[n_head_kv, capacity, head_dim]` there. Returns the queries
-/// `[n, n_head, head_dim]` and the caches.
+/// RMS-normalises Q and K per head (`norm`), rotates them by each token's position in `rows`
+/// (`table`, `style`), and stores K and V into `k_cache` / `v_cache` `[slots * n_head_kv,
+/// capacity, head_dim]` at each token's slot and position. Returns the queries
+/// `[n, n_head, head_dim]` and the caches. `layout.positions` is set here (the table's rows,
+/// at most the capacity).
 ///
 /// On a CubeCL device this is one kernel ([`GgmlOps::ggml_qk_rope_cache`]) that writes the
 /// caches in place (copying them first only if another tensor shares their buffers);
-/// elsewhere Burn ops (`slice_assign`).
+/// elsewhere Burn ops (`slice_assign`, per run of rows in one slot).
 ///
 /// # Panics
-/// If the shapes disagree with `layout` (a programming error in the caller), or on a
-/// CubeCL device if the kernel's checks fail.
+/// If the shapes disagree with `layout` or a row's slot or position is out of range (a
+/// programming error in the caller), or on a CubeCL device if the kernel's checks fail.
 #[allow(clippy::too_many_arguments)]
 pub fn qk_rope_cache(
     qk: Tensor<2>,
@@ -93,6 +173,7 @@ pub fn qk_rope_cache(
     style: RopeStyle,
     k_cache: Tensor<3>,
     v_cache: Tensor<3>,
+    rows: &CacheRows,
     layout: QkRopeShape,
 ) -> (Tensor<3>, Tensor<3>, Tensor<3>) {
     let QkRopeShape {
@@ -100,22 +181,33 @@ pub fn qk_rope_cache(
         n_head,
         n_head_kv,
         head_dim: hd,
-        past,
+        slots,
         capacity,
         ..
     } = layout;
+    let layout = QkRopeShape {
+        positions: table.positions().min(capacity),
+        ..layout
+    };
+    let cache = [slots * n_head_kv, capacity, hd];
     assert!(
         qk.dims() == [n, layout.qk_stride]
             && v.dims() == [n, layout.v_stride]
-            && k_cache.dims() == [n_head_kv, capacity, hd]
-            && v_cache.dims() == [n_head_kv, capacity, hd]
-            && past + n <= table.positions(),
-        "qk_rope_cache: qk {:?}, v {:?}, caches {:?}/{:?}, {} table positions for {layout:?}",
+            && k_cache.dims() == cache
+            && v_cache.dims() == cache
+            && rows.len() == n
+            && rows
+                .rows()
+                .iter()
+                .all(|&(c, p)| c < slots && p < layout.positions),
+        "qk_rope_cache: qk {:?}, v {:?}, caches {:?}/{:?}, {} table positions for {layout:?}, \
+         rows {:?}",
         qk.dims(),
         v.dims(),
         k_cache.dims(),
         v_cache.dims(),
-        table.positions()
+        table.positions(),
+        rows.rows()
     );
     if is_cube(&qk.device()) {
         // Unused placeholders when there is no norm: the kernel does not read them.
@@ -134,6 +226,7 @@ pub fn qk_rope_cache(
             kn.into_dispatch(),
             table.cos.clone().into_dispatch(),
             table.sin.clone().into_dispatch(),
+            rows.device.clone().into_dispatch(),
             k_cache.into_dispatch(),
             v_cache.into_dispatch(),
             layout,
@@ -160,34 +253,41 @@ pub fn qk_rope_cache(
         q = rms_norm(q, qn, eps);
         k = rms_norm(k, kn, eps);
     }
-    let cos = table.cos.clone().narrow(0, past, n);
-    let sin = table.sin.clone().narrow(0, past, n);
-    let q = rope(q, &cos, &sin, style);
-    let k = rope(k, &cos, &sin, style);
-    let at = [0..n_head_kv, past..past + n, 0..hd];
-    let k_cache = k_cache.slice_assign(at.clone(), k.swap_dims(0, 1));
-    let v_cache = v_cache.slice_assign(at, v.swap_dims(0, 1));
-    (q, k_cache, v_cache)
+    let (mut k_cache, mut v_cache) = (k_cache, v_cache);
+    let mut qs = Vec::new();
+    for (t, slot, past, len) in rows.runs() {
+        let cos = table.cos.clone().narrow(0, past, len);
+        let sin = table.sin.clone().narrow(0, past, len);
+        qs.push(rope(q.clone().narrow(0, t, len), &cos, &sin, style));
+        let k = rope(k.clone().narrow(0, t, len), &cos, &sin, style);
+        let heads = slot * n_head_kv..(slot + 1) * n_head_kv;
+        let at = [heads, past..past + len, 0..hd];
+        k_cache = k_cache.slice_assign(at.clone(), k.swap_dims(0, 1));
+        v_cache = v_cache.slice_assign(at, v.clone().narrow(0, t, len).swap_dims(0, 1));
+    }
+    (Tensor::cat(qs, 0), k_cache, v_cache)
 }
 
-/// Causal grouped-query attention of `q` `[n, n_head, head_dim]` (positions
-/// `layout.past..layout.past + n`) over a layer's cache `[n_head_kv, capacity, head_dim]`
-/// (positions `0..past + n` written): softmax of `scale * q k^T` over the keys each query sees
-/// (itself and before, within `layout.window` when set), times the values; query head `h`
-/// reads KV head `h / (n_head / n_head_kv)`. Returns `[n, n_head * head_dim]` f32.
+/// Causal grouped-query attention of `q` `[n, n_head, head_dim]` over a layer's caches
+/// `[slots * n_head_kv, capacity, head_dim]`: query row `t` at slot `c` and position `p`
+/// (`rows`) sees the keys of its slot at positions up to `p` (within `layout.window` when
+/// set); softmax of `scale * q k^T` over them, times the values; query head `h` reads KV head
+/// `h / (n_head / n_head_kv)`. Returns `[n, n_head * head_dim]` f32. `layout.keys` is set
+/// here from `rows`.
 ///
 /// On a CubeCL device whose compiler takes workgroup shared memory this is one kernel (plus a
 /// small combine kernel past [`ggml_kernels::attention::ATTENTION_SPLIT`] visible keys;
-/// [`GgmlOps::ggml_attention`]), which never builds a mask; elsewhere Burn ops over the
-/// cache's first `past + n` positions with an additive `[n, past + n]` mask.
+/// [`GgmlOps::ggml_attention`]), which never builds a mask; elsewhere Burn ops per run of rows
+/// in one slot, with an additive `[len, past + len]` mask.
 ///
 /// # Panics
-/// If the shapes disagree with `layout` (a programming error in the caller), or on a
-/// CubeCL device if the kernel's checks fail.
+/// If the shapes disagree with `layout` or a row's slot or position is out of range (a
+/// programming error in the caller), or on a CubeCL device if the kernel's checks fail.
 pub fn attention(
     q: Tensor<3>,
     k_cache: &Tensor<3>,
     v_cache: &Tensor<3>,
+    rows: &CacheRows,
     layout: AttentionShape,
     scale: f32,
 ) -> Tensor<2> {
@@ -196,21 +296,29 @@ pub fn attention(
         n_head,
         n_head_kv,
         head_dim: hd,
+        slots,
         capacity,
-        past,
         window,
+        ..
     } = layout;
+    let layout = AttentionShape {
+        keys: rows.keys(window),
+        ..layout
+    };
+    let cache = [slots * n_head_kv, capacity, hd];
     assert!(
         q.dims() == [n, n_head, hd]
-            && k_cache.dims() == [n_head_kv, capacity, hd]
-            && v_cache.dims() == [n_head_kv, capacity, hd]
-            && past + n <= capacity
+            && k_cache.dims() == cache
+            && v_cache.dims() == cache
+            && rows.len() == n
+            && rows.rows().iter().all(|&(c, p)| c < slots && p < capacity)
             && n_head_kv > 0
             && n_head.is_multiple_of(n_head_kv),
-        "attention: q {:?}, caches {:?}/{:?} for {layout:?}",
+        "attention: q {:?}, caches {:?}/{:?} for {layout:?}, rows {:?}",
         q.dims(),
         k_cache.dims(),
-        v_cache.dims()
+        v_cache.dims(),
+        rows.rows()
     );
     let device = q.device();
     let kernel = is_cube(&device)
@@ -220,27 +328,42 @@ pub fn attention(
             q.into_dispatch(),
             k_cache.clone().into_dispatch(),
             v_cache.clone().into_dispatch(),
+            rows.device.clone().into_dispatch(),
             layout,
             scale,
         ));
     }
-    let total = past + n;
     let rep = n_head / n_head_kv;
-    let k = k_cache.clone().narrow(1, 0, total);
-    let v = v_cache.clone().narrow(1, 0, total);
-    // Query heads g*rep..(g+1)*rep share KV head g.
-    let qg = q.swap_dims(0, 1).reshape([n_head_kv, rep * n, hd]);
-    let scores = qg.matmul(k.swap_dims(1, 2)) * scale as f64; // [nkv, rep*n, total]
-    let mut scores = scores.reshape([n_head_kv, rep, n, total]);
-    if let Some(mask) = attention_mask(past, n, window, &device) {
-        scores = scores + mask.unsqueeze::<4>();
+    let mut outs = Vec::new();
+    for (t, slot, past, len) in rows.runs() {
+        let total = past + len;
+        let heads = |c: &Tensor<3>| {
+            c.clone()
+                .narrow(0, slot * n_head_kv, n_head_kv)
+                .narrow(1, 0, total)
+        };
+        let (k, v) = (heads(k_cache), heads(v_cache));
+        // Query heads g*rep..(g+1)*rep share KV head g.
+        let qg = q
+            .clone()
+            .narrow(0, t, len)
+            .swap_dims(0, 1)
+            .reshape([n_head_kv, rep * len, hd]);
+        let scores = qg.matmul(k.swap_dims(1, 2)) * scale as f64; // [nkv, rep*len, total]
+        let mut scores = scores.reshape([n_head_kv, rep, len, total]);
+        if let Some(mask) = attention_mask(past, len, window, &device) {
+            scores = scores + mask.unsqueeze::<4>();
+        }
+        let probs = softmax(scores, 3).reshape([n_head_kv, rep * len, total]);
+        outs.push(
+            probs
+                .matmul(v)
+                .reshape([n_head, len, hd])
+                .swap_dims(0, 1)
+                .reshape([len, n_head * hd]),
+        );
     }
-    let probs = softmax(scores, 3).reshape([n_head_kv, rep * n, total]);
-    probs
-        .matmul(v)
-        .reshape([n_head, n, hd])
-        .swap_dims(0, 1)
-        .reshape([n, n_head * hd])
+    Tensor::cat(outs, 0)
 }
 
 /// Additive mask `[n, total]` for queries at positions `past..past + n` over keys `0..total`:

@@ -17,7 +17,9 @@ pub mod sampling;
 pub mod tensor;
 pub mod write;
 
-pub use attention::{AttentionShape, QkNorm, QkRopeShape, RopeTable, attention, qk_rope_cache};
+pub use attention::{
+    AttentionShape, CacheRows, QkNorm, QkRopeShape, RopeTable, attention, qk_rope_cache,
+};
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
 pub use moe::{ExpertRows, GgmlExperts, moe_route};
 pub use nn::{

@@ -113,10 +113,11 @@ pub trait GgmlOps: burn::backend::Backend {
     /// One step's heads into the KV cache, one kernel ([`ggml_kernels::attention::qk_rope_cache`]):
     /// `qk` `[n, qk_stride]` and `v` `[n, v_stride]` f32 (the projections, as `layout` places the
     /// heads), `q_norm`, `k_norm` `[head_dim]` (read when `norm_eps` is set), `cos`, `sin`
-    /// `[positions, head_dim / 2]`, caches `[n_head_kv, capacity, head_dim]`. Returns the
-    /// rotated queries `[n, n_head, head_dim]` and the caches with positions
-    /// `past..past + n` written (in place when no other tensor shares their buffers).
-    #[fusion(meta = |qk: &burn::backend::fusion::custom::TensorSpec, _v, _qn, _kn, _cos, _sin,
+    /// `[positions, head_dim / 2]`, `rows` `[n * 2]` u32 (each token's cache slot and
+    /// position), caches `[slots * n_head_kv, capacity, head_dim]`. Returns the rotated queries
+    /// `[n, n_head, head_dim]` and the caches with each token's slot and position written (in
+    /// place when no other tensor shares their buffers).
+    #[fusion(meta = |qk: &burn::backend::fusion::custom::TensorSpec, _v, _qn, _kn, _cos, _sin, _rows,
         k_cache: &burn::backend::fusion::custom::TensorSpec,
         v_cache: &burn::backend::fusion::custom::TensorSpec,
         layout: &ggml_kernels::QkRopeShape, _eps, _neox| (
@@ -133,6 +134,7 @@ pub trait GgmlOps: burn::backend::Backend {
         k_norm: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
+        rows: IntTensor<Self>,
         k_cache: FloatTensor<Self>,
         v_cache: FloatTensor<Self>,
         layout: ggml_kernels::QkRopeShape,
@@ -143,12 +145,14 @@ pub trait GgmlOps: burn::backend::Backend {
     /// Causal grouped-query attention over the KV cache, one kernel (two past
     /// [`ggml_kernels::attention::ATTENTION_SPLIT`] visible keys;
     /// [`ggml_kernels::attention::attention`]): `q` `[n, n_head, head_dim]`, caches
-    /// `[n_head_kv, capacity, head_dim]` f32 -> `[n, n_head * head_dim]`.
+    /// `[slots * n_head_kv, capacity, head_dim]` f32, `rows` `[n * 2]` u32 (each query row's
+    /// cache slot and position) -> `[n, n_head * head_dim]`.
     #[fusion(dtype = q, shape = burn::tensor::Shape::new([layout.n, layout.n_head * layout.head_dim]))]
     fn ggml_attention(
         q: FloatTensor<Self>,
         k_cache: FloatTensor<Self>,
         v_cache: FloatTensor<Self>,
+        rows: IntTensor<Self>,
         layout: ggml_kernels::AttentionShape,
         scale: f32,
     ) -> FloatTensor<Self>;
@@ -465,6 +469,7 @@ impl GgmlOps for CubeBackend {
         k_norm: CubeTensor,
         cos: CubeTensor,
         sin: CubeTensor,
+        rows: CubeTensor,
         k_cache: CubeTensor,
         v_cache: CubeTensor,
         layout: ggml_kernels::QkRopeShape,
@@ -475,6 +480,8 @@ impl GgmlOps for CubeBackend {
         for t in &inputs {
             assert_eq!(t.dtype, DType::F32, "ggml_qk_rope_cache takes f32 tensors");
         }
+        assert_eq!(rows.dtype, DType::U32, "ggml_qk_rope_cache takes u32 rows");
+        let rows = burn_cubecl::kernel::into_contiguous(rows);
         let [qk, v, q_norm, k_norm, cos, sin] = inputs.map(burn_cubecl::kernel::into_contiguous);
         let [k_cache, v_cache] = [k_cache, v_cache].map(owned);
         let q = empty_f32(&qk, Shape::new([layout.n, layout.n_head, layout.head_dim]));
@@ -487,6 +494,7 @@ impl GgmlOps for CubeBackend {
             k_norm.into_buffer_arg(),
             cos.into_buffer_arg(),
             sin.into_buffer_arg(),
+            rows.into_buffer_arg(),
             q.clone().into_buffer_arg(),
             k_cache.clone().into_buffer_arg(),
             v_cache.clone().into_buffer_arg(),
@@ -502,10 +510,13 @@ impl GgmlOps for CubeBackend {
         q: CubeTensor,
         k_cache: CubeTensor,
         v_cache: CubeTensor,
+        rows: CubeTensor,
         layout: ggml_kernels::AttentionShape,
         scale: f32,
     ) -> CubeTensor {
-        let [q, k_cache, v_cache] = [q, k_cache, v_cache].map(burn_cubecl::kernel::into_contiguous);
+        assert_eq!(rows.dtype, DType::U32, "ggml_attention takes u32 rows");
+        let [q, k_cache, v_cache, rows] =
+            [q, k_cache, v_cache, rows].map(burn_cubecl::kernel::into_contiguous);
         let out = empty_f32(&q, Shape::new([layout.n, layout.n_head * layout.head_dim]));
         let client = q.client.clone();
         ggml_kernels::launch_attention(
@@ -513,6 +524,7 @@ impl GgmlOps for CubeBackend {
             q.into_buffer_arg(),
             k_cache.into_buffer_arg(),
             v_cache.into_buffer_arg(),
+            rows.into_buffer_arg(),
             out.clone().into_buffer_arg(),
             layout,
             scale,

@@ -11,6 +11,11 @@ use std::sync::Mutex;
 /// whole.
 pub const PREFILL_SCRATCH_BYTES: usize = 64 << 20;
 
+/// Most activation rows [`GgmlTensor::matmul_t`] runs as fused GEMVs, in passes of
+/// [`MAX_GEMV_ROWS`] (a batched decode step: one row per sequence); more rows (a prompt) take
+/// the dequantize-and-matmul path.
+pub const GEMV_BATCH_ROWS: usize = 64;
+
 /// One row range of a [`GgmlTensor`], held in its own device buffer.
 #[derive(Clone, Debug)]
 struct Part {
@@ -260,9 +265,10 @@ impl GgmlTensor {
         self.parts[0].words.device()
     }
 
-    /// `x W^T`: `x` `[m, cols]` f32 -> `[m, rows]` f32. Up to 8 rows use the fused GEMV;
-    /// more rows (prefill) dequantize at most [`PREFILL_SCRATCH_BYTES`] of weight rows at a time
-    /// into a scratch tensor and use Burn's matmul.
+    /// `x W^T`: `x` `[m, cols]` f32 -> `[m, rows]` f32. Up to [`GEMV_BATCH_ROWS`] rows use the
+    /// fused GEMV, in passes of [`MAX_GEMV_ROWS`] rows (each reads the weight once); more rows
+    /// (prefill) dequantize at most [`PREFILL_SCRATCH_BYTES`] of weight rows at a time into a
+    /// scratch tensor and use Burn's matmul.
     ///
     /// # Panics
     /// If `x`'s last dimension is not `cols` (a programming error in the caller's shapes).
@@ -273,6 +279,12 @@ impl GgmlTensor {
             k, cols,
             "GgmlTensor::matmul_t: x has {k} columns, the weight {cols}"
         );
+        if m > MAX_GEMV_ROWS && m <= GEMV_BATCH_ROWS {
+            return Tensor::cat(
+                passes(x, m).into_iter().map(|x| self.matmul_t(x)).collect(),
+                0,
+            );
+        }
         let outs: Vec<Tensor<2>> = if m <= MAX_GEMV_ROWS {
             self.parts
                 .iter()
@@ -311,9 +323,9 @@ impl GgmlTensor {
     /// `act(x W_gate^T) * (x W_up^T)` of a stacked gate/up projection (this tensor: the gate's
     /// `rows / 2` rows, then up's) in one fused GEMV ([`GgmlOps::ggml_gemv_glu`]): `x`
     /// `[m, cols]` f32 -> `[m, rows / 2]` f32, ggml's GELU (tanh approximation) when `gelu`,
-    /// else SiLU. `None` where that kernel does not apply (more than
-    /// [`MAX_GEMV_ROWS`] rows, an odd row count, or the blocks split over several buffers):
-    /// the caller runs the GEMV and the activation apart.
+    /// else SiLU, in passes of [`MAX_GEMV_ROWS`] rows. `None` where that kernel does not apply
+    /// (more than [`GEMV_BATCH_ROWS`] rows, an odd row count, or the blocks split over several
+    /// buffers): the caller runs the GEMV and the activation apart.
     ///
     /// # Panics
     /// If `x`'s last dimension is not `cols` (a programming error in the caller's shapes).
@@ -324,8 +336,15 @@ impl GgmlTensor {
             k, cols,
             "GgmlTensor::matmul_t_gated: x has {k} columns, the weight {cols}"
         );
-        if m > MAX_GEMV_ROWS || rows % 2 == 1 || self.parts.len() != 1 {
+        if m > GEMV_BATCH_ROWS || rows % 2 == 1 || self.parts.len() != 1 {
             return None;
+        }
+        if m > MAX_GEMV_ROWS {
+            let outs = passes(x, m)
+                .into_iter()
+                .map(|x| self.matmul_t_gated(x, gelu))
+                .collect::<Option<Vec<_>>>()?;
+            return Some(Tensor::cat(outs, 0));
         }
         let p = &self.parts[0];
         Some(Tensor::from_dispatch(Dispatch::ggml_gemv_glu(
@@ -400,4 +419,12 @@ impl GgmlTensor {
             self.shape[1],
         ))
     }
+}
+
+/// `x` `[m, cols]` in passes of at most [`MAX_GEMV_ROWS`] rows.
+fn passes(x: Tensor<2>, m: usize) -> Vec<Tensor<2>> {
+    (0..m)
+        .step_by(MAX_GEMV_ROWS)
+        .map(|start| x.clone().narrow(0, start, MAX_GEMV_ROWS.min(m - start)))
+        .collect()
 }

@@ -1,7 +1,9 @@
 //! The KV-cache step and attention kernels against float64 references: one
 //! [`AttentionCase`] runs [`crate::launch_qk_rope_cache`] then [`crate::launch_attention`] on
 //! random heads over a cache partly filled by "earlier tokens", and compares the queries, the
-//! written and the untouched cache positions, and the attention output.
+//! written and the untouched cache positions, and the attention output. A case is either one
+//! sequence's rows (a prompt or a decode step) or a batch: one decode row in each of several
+//! sequences' cache slots, at different positions.
 use super::{rand_f32, read_f32};
 use crate::{AttentionShape, KernelError, QkRopeShape, launch_attention, launch_qk_rope_cache};
 use cubecl::client::Client;
@@ -11,13 +13,17 @@ use cubecl::prelude::*;
 /// the normalised, rotated heads, and `<= ATTENTION_TOL * max |v|` for attention outputs.
 pub const ATTENTION_TOL: f64 = 1e-5;
 
-/// One attention check: `n` query rows at positions `past..past + n`.
+/// One attention check: `n` query rows at positions `past..past + n` of one sequence, or with
+/// `batch` one row in each of `n` sequences (cache slots `n, n - 1, .., 1` of `n + 1`; slot 0
+/// must stay untouched) at positions from `past / 2` to `past`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionCase {
     /// Query rows (tokens of this step).
     pub n: usize,
-    /// Tokens already in the cache.
+    /// Tokens already in the cache (the last row's sequence, in a batch).
     pub past: usize,
+    /// One decode row per sequence instead of one sequence's rows.
+    pub batch: bool,
     /// Query heads.
     pub n_head: usize,
     /// KV heads.
@@ -36,7 +42,8 @@ impl AttentionCase {
     /// A short label for tables.
     pub fn label(&self) -> String {
         format!(
-            "n={} past={} heads={}/{} d={} window={} {}{}",
+            "{}n={} past={} heads={}/{} d={} window={} {}{}",
+            if self.batch { "batch " } else { "" },
             self.n,
             self.past,
             self.n_head,
@@ -52,11 +59,13 @@ impl AttentionCase {
 /// The cases `cargo xtask kernel-test --op attention` runs and the tests sample: 1 and 8
 /// query rows (and a 37-row prefill), GQA ratios 1, 2 and 8, contexts shorter than one split,
 /// not a multiple of it and several splits long ([`crate::attention::ATTENTION_SPLIT`]),
-/// windows shorter and longer than the context, both RoPE pairings, with and without Q/K norm.
+/// windows shorter and longer than the context, both RoPE pairings, with and without Q/K norm;
+/// and batches of 1 to 8 sequences at different positions.
 pub fn attention_cases() -> Vec<AttentionCase> {
     let case = |n, past, n_head, n_head_kv, head_dim, window, norm, neox| AttentionCase {
         n,
         past,
+        batch: false,
         n_head,
         n_head_kv,
         head_dim,
@@ -76,7 +85,38 @@ pub fn attention_cases() -> Vec<AttentionCase> {
         case(8, 20, 4, 1, 16, Some(512), true, true),
         case(1, 700, 2, 1, 32, Some(512), false, true),
         case(37, 3, 4, 2, 16, Some(20), true, true),
+        AttentionCase {
+            batch: true,
+            ..case(8, 300, 8, 1, 64, None, true, true)
+        },
+        AttentionCase {
+            batch: true,
+            ..case(5, 40, 4, 2, 16, Some(16), false, false)
+        },
+        AttentionCase {
+            batch: true,
+            ..case(3, 700, 2, 1, 32, Some(512), true, true)
+        },
+        AttentionCase {
+            batch: true,
+            ..case(1, 9, 4, 4, 8, None, false, true)
+        },
     ]
+}
+
+impl AttentionCase {
+    /// Cache slots, and each row's (slot, position).
+    pub fn rows(&self) -> (usize, Vec<(usize, usize)>) {
+        if self.batch {
+            let n = self.n;
+            let rows = (0..n)
+                .map(|t| (n - t, self.past - (n - 1 - t) * self.past / (2 * n)))
+                .collect();
+            (n + 1, rows)
+        } else {
+            (1, (0..self.n).map(|t| (0, self.past + t)).collect())
+        }
+    }
 }
 
 /// Runs `case` on `client` and returns the worst error as a fraction of its bound
@@ -93,7 +133,8 @@ pub fn attention_error(
 ) -> Result<f64, KernelError> {
     let AttentionCase {
         n,
-        past,
+        past: _,
+        batch: _,
         n_head: nh,
         n_head_kv: nkv,
         head_dim: hd,
@@ -102,8 +143,17 @@ pub fn attention_error(
         neox,
     } = case;
     let half = hd / 2;
-    let capacity = past + n + 3;
-    let positions = past + n;
+    let (slots, rows) = case.rows();
+    let positions = rows.iter().map(|r| r.1 + 1).max().unwrap_or(0);
+    let capacity = positions + 3;
+    let first_key = |p: usize| window.map_or(0, |w| (p + 1).saturating_sub(w));
+    let keys = rows
+        .iter()
+        .map(|&(_, p)| p + 1 - first_key(p))
+        .max()
+        .unwrap_or(1);
+    // Cache row of KV head `g` of slot `c`.
+    let head = |c: usize, g: usize| c * nkv + g;
     // One stacked projection: [q heads | k heads | v heads] per token.
     let stride = (nh + 2 * nkv) * hd;
     let qkv: Vec<f32> = rand_f32(n * stride, seed).iter().map(|v| v * 3.0).collect();
@@ -118,13 +168,18 @@ pub fn attention_error(
             sin.push(a.sin() as f32);
         }
     }
-    let k_init = rand_f32(nkv * capacity * hd, seed + 3);
-    let v_init = rand_f32(nkv * capacity * hd, seed + 4);
+    let k_init = rand_f32(slots * nkv * capacity * hd, seed + 3);
+    let v_init = rand_f32(slots * nkv * capacity * hd, seed + 4);
+    let rows_u32: Vec<u32> = rows
+        .iter()
+        .flat_map(|&(c, p)| [c as u32, p as u32])
+        .collect();
 
     let up = |v: &[f32]| client.create_from_slice(f32::as_bytes(v));
     let (qkv_h, qn_h, kn_h, cos_h, sin_h) =
         (up(&qkv), up(&q_norm), up(&k_norm), up(&cos), up(&sin));
     let (k_h, v_h) = (up(&k_init), up(&v_init));
+    let rows_h = client.create_from_slice(u32::as_bytes(&rows_u32));
     let q_h = client.empty(n * nh * hd * 4);
     let out_h = client.empty(n * nh * hd * 4);
     // SAFETY: each length is that of the buffer it names.
@@ -139,6 +194,7 @@ pub fn attention_error(
         arg(&kn_h, hd),
         arg(&cos_h, cos.len()),
         arg(&sin_h, sin.len()),
+        arg(&rows_h, rows_u32.len()),
         arg(&q_h, n * nh * hd),
         arg(&k_h, k_init.len()),
         arg(&v_h, v_init.len()),
@@ -151,8 +207,9 @@ pub fn attention_error(
             k_off: nh * hd,
             v_stride: stride,
             v_off: (nh + nkv) * hd,
-            past,
+            slots,
             capacity,
+            positions,
         },
         norm.then_some(1e-6),
         neox,
@@ -163,15 +220,17 @@ pub fn attention_error(
         n_head: nh,
         n_head_kv: nkv,
         head_dim: hd,
+        slots,
         capacity,
-        past,
         window,
+        keys,
     };
     launch_attention(
         client,
         arg(&q_h, n * nh * hd),
         arg(&k_h, k_init.len()),
         arg(&v_h, v_init.len()),
+        arg(&rows_h, rows_u32.len()),
         arg(&out_h, n * nh * hd),
         shape,
         scale,
@@ -214,10 +273,10 @@ pub fn attention_error(
         }
         y
     };
-    for t in 0..n {
+    for (t, &(c, pos)) in rows.iter().enumerate() {
         let row = &qkv[t * stride..(t + 1) * stride];
         for h in 0..nh {
-            let want = rotate(&row[h * hd..(h + 1) * hd], &q_norm, past + t);
+            let want = rotate(&row[h * hd..(h + 1) * hd], &q_norm, pos);
             for d in 0..hd {
                 note(
                     q_out[(t * nh + h) * hd + d],
@@ -227,21 +286,21 @@ pub fn attention_error(
             }
         }
         for g in 0..nkv {
-            let k = rotate(&row[(nh + g) * hd..(nh + g + 1) * hd], &k_norm, past + t);
+            let k = rotate(&row[(nh + g) * hd..(nh + g + 1) * hd], &k_norm, pos);
             let v = &row[(nh + nkv + g) * hd..(nh + nkv + g + 1) * hd];
             for d in 0..hd {
-                let at = (g * capacity + past + t) * hd + d;
+                let at = (head(c, g) * capacity + pos) * hd + d;
                 note(k_cache[at], k[d], k[d].abs().max(1.0));
                 note(v_cache[at], v[d] as f64, 1.0);
             }
         }
     }
-    // Positions outside past..past + n keep what they held, bit for bit.
+    // Positions no row wrote keep what they held, bit for bit (every slot).
     let mut changed = false;
-    for g in 0..nkv {
-        for p in (0..past).chain(past + n..capacity) {
+    for (c, g) in (0..slots).flat_map(|c| (0..nkv).map(move |g| (c, g))) {
+        for p in (0..capacity).filter(|&p| !rows.contains(&(c, p))) {
             for d in 0..hd {
-                let at = (g * capacity + p) * hd + d;
+                let at = (head(c, g) * capacity + p) * hd + d;
                 if k_cache[at].to_bits() != k_init[at].to_bits()
                     || v_cache[at].to_bits() != v_init[at].to_bits()
                 {
@@ -256,11 +315,10 @@ pub fn attention_error(
         .fold(0f64, |m, v| m.max(v.abs() as f64))
         .max(1e-30);
     let rep = nh / nkv;
-    for t in 0..n {
-        let p = past + t;
-        let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
+    for (t, &(c, p)) in rows.iter().enumerate() {
+        let first = first_key(p);
         for h in 0..nh {
-            let g = h / rep;
+            let g = head(c, h / rep);
             let q = &q_out[(t * nh + h) * hd..(t * nh + h + 1) * hd];
             let scores: Vec<f64> = (first..=p)
                 .map(|j| {

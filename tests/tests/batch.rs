@@ -1,0 +1,167 @@
+//! Batched decode ([`Decoder::forward_batch`]): several sequences in one pass, each in its own
+//! cache slot at its own position, give each sequence the greedy tokens and (within float
+//! rounding) the logits it gets alone; on wgpu (the kernels) and on the CPU backend (the Burn-op
+//! fallback), dense and MoE.
+use burn::tensor::{Device, Tensor};
+use burn_gguf::{GgufConfig, GgufLoader};
+use burn_gguf_models::{BatchState, Decoder, SequenceState};
+use burn_gguf_tests::{fixtures, max_abs_diff};
+use gguf::GgufFile;
+
+/// Prompts of different lengths (token ids of the tiny fixtures' vocabulary).
+const PROMPTS: [&[u32]; 5] = [
+    &[347, 302, 220, 84, 79, 78, 77, 259, 256, 373],
+    &[12, 99, 5],
+    &[7],
+    &[
+        200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211, 212,
+    ],
+    &[31, 41, 59, 26, 53],
+];
+const STEPS: usize = 12;
+
+fn rows(logits: Tensor<2>) -> Vec<Vec<f32>> {
+    let [n, vocab] = logits.dims();
+    let v = logits.into_data().to_vec::<f32>().unwrap();
+    (0..n)
+        .map(|r| v[r * vocab..(r + 1) * vocab].to_vec())
+        .collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Greedy ids and the logits of every step of `prompt` alone.
+fn alone(model: &Decoder, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut state = SequenceState::new();
+    let mut logits = rows(model.forward(prompt, &mut state, false).unwrap());
+    let (mut ids, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..STEPS {
+        let row = logits.remove(0);
+        let id = argmax(&row);
+        ids.push(id);
+        all.push(row);
+        logits = rows(model.forward(&[id], &mut state, false).unwrap());
+    }
+    (ids, all)
+}
+
+/// The same, all prompts in one state: every prompt prefilled in one pass (slots in reverse
+/// order, so slot and row order differ), then one pass per step for all sequences; the third
+/// sequence leaves after 4 steps and its slot is reused by the first prompt again.
+fn batched(model: &Decoder) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    let n = PROMPTS.len();
+    let mut state = BatchState::new(n);
+    let slot = |i: usize| n - 1 - i;
+    let seqs: Vec<(usize, &[u32])> = PROMPTS
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (slot(i), *p))
+        .collect();
+    let mut logits = rows(model.forward_batch(&mut state, &seqs, false).unwrap());
+    let mut out: Vec<(Vec<u32>, Vec<Vec<f32>>)> = vec![(Vec::new(), Vec::new()); n + 1];
+    let mut running: Vec<usize> = (0..n).collect();
+    for step in 0..STEPS + 4 {
+        let mut next = Vec::new();
+        for (row, &i) in logits.into_iter().zip(&running) {
+            let id = argmax(&row);
+            if out[i].0.len() < STEPS {
+                out[i].0.push(id);
+                out[i].1.push(row);
+            }
+            next.push((i, id));
+        }
+        if step == 3 {
+            // Sequence 2 leaves; sequence n (prompt 0 again) takes its slot from scratch.
+            next.retain(|&(i, _)| i != 2);
+            assert_eq!(state.truncate(slot(2), 0), 0);
+            let first = rows(
+                model
+                    .forward_batch(&mut state, &[(slot(2), PROMPTS[0])], false)
+                    .unwrap(),
+            );
+            next.push((n, argmax(&first[0])));
+            out[n].0.push(argmax(&first[0]));
+            out[n].1.push(first[0].clone());
+        }
+        next.retain(|&(i, _)| out[i].0.len() < STEPS);
+        if next.is_empty() {
+            break;
+        }
+        running = next.iter().map(|&(i, _)| i).collect();
+        let ids: Vec<[u32; 1]> = next.iter().map(|&(_, id)| [id]).collect();
+        let slot_of = |i: usize| if i == n { slot(2) } else { slot(i) };
+        let seqs: Vec<(usize, &[u32])> = next
+            .iter()
+            .zip(&ids)
+            .map(|(&(i, _), id)| (slot_of(i), &id[..]))
+            .collect();
+        logits = rows(model.forward_batch(&mut state, &seqs, false).unwrap());
+    }
+    out
+}
+
+fn check(device: &Device, name: &str, tol: f32) {
+    let file = GgufFile::open(fixtures().join(format!("gguf/{name}.gguf"))).unwrap();
+    let loader = GgufLoader::new(&file, device, GgufConfig::default());
+    let model = Decoder::load(&loader).unwrap();
+    let together = batched(&model);
+    for (i, (ids, logits)) in together.iter().enumerate() {
+        let prompt = PROMPTS[i % PROMPTS.len()];
+        let (want_ids, want_logits) = alone(&model, prompt);
+        // Sequence 2 left after 4 tokens; the others ran all steps.
+        let steps = if i == 2 { 4 } else { STEPS };
+        assert_eq!(ids.len(), steps, "{name}: sequence {i}");
+        assert_eq!(
+            ids[..],
+            want_ids[..steps],
+            "{name}: sequence {i} batched and alone"
+        );
+        for (step, (got, want)) in logits.iter().zip(&want_logits).enumerate() {
+            let d = max_abs_diff(got, want);
+            assert!(
+                d <= tol,
+                "{name}: sequence {i} step {step}: max |logit diff| {d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn batched_decode_equals_each_sequence_alone_on_wgpu() {
+    let device = burn_gguf::default_device();
+    check(&device, "tiny-qwen3-Q8_0", 1e-4);
+    check(&device, "tiny-qwen3-Q4_K_M", 1e-4);
+    check(&device, "tiny-qwen3moe-Q4_0", 1e-4);
+}
+
+#[test]
+fn batched_decode_equals_each_sequence_alone_on_the_cpu_backend() {
+    check(&Device::flex(), "tiny-qwen3-Q8_0", 1e-4);
+}
+
+#[test]
+fn forward_batch_rejects_bad_slots() {
+    let device = burn_gguf::default_device();
+    let file = GgufFile::open(fixtures().join("gguf/tiny-qwen3-Q8_0.gguf")).unwrap();
+    let model = Decoder::load(&GgufLoader::new(&file, &device, GgufConfig::default())).unwrap();
+    let mut state = BatchState::new(2);
+    let e = model
+        .forward_batch(&mut state, &[(2, &[1u32][..])], false)
+        .unwrap_err();
+    assert!(e.to_string().contains("slot 2"), "{e}");
+    let e = model
+        .forward_batch(&mut state, &[(0, &[1u32][..]), (0, &[2u32][..])], false)
+        .unwrap_err();
+    assert!(e.to_string().contains("twice"), "{e}");
+    assert!(model.forward_batch(&mut state, &[], false).is_err());
+    // Nothing ran: both slots are still empty.
+    assert_eq!((state.len(0), state.len(1)), (0, 0));
+}
