@@ -142,15 +142,16 @@ pub fn qk_rope_cache(
     }
 }
 
-/// One cube of [`ATTENTION_UNITS`] units per (query row `t`, head `h`, split `s`), cubes
+/// One cube of [`ATTENTION_UNITS`] units (a power of two) per (query row `t`, head `h`, split
+/// `s`), cubes
 /// numbered `((t - t0) * n_head + h) * splits + s` (a launch covers query rows `t0..n`). Query
 /// `t` reads slot `c = rows[2t]` of the caches (`[slots * n_head_kv, capacity, head_dim]`),
 /// sits at position `p = rows[2t + 1]` and sees keys `j <= p` with `p - j < window`
 /// (`window == 0`: no window) from `lo = p + 1 - window` (0 without a window or before it
 /// fills); query head `h` reads KV head `h / rep` of its slot. A row whose slot or position is
 /// out of range does nothing. The cube scores keys `lo + s * split ..` (at most `split`) into
-/// shared memory with `scale * dot(q, k)`, takes their softmax and the weighted sum of the
-/// values.
+/// shared memory with `scale * dot(q, k)`, takes their softmax (maximum and sum as trees over
+/// the units) and the weighted sum of the values.
 ///
 /// With `direct` (one split covers every key) it writes `out` `[n, n_head, head_dim]`;
 /// otherwise the unnormalised sums to `part_acc` `[n - t0, n_head, splits, head_dim]` and the
@@ -206,7 +207,9 @@ pub fn attention(
     let q_base = (t * n_head + h) * head_dim;
     let mut scores = Shared::<[f32]>::new_slice(comptime!(split as usize));
 
-    // Scores, one key per unit at a time.
+    // Scores, one key per unit at a time, and each unit's largest.
+    // The running maximum before any score: -f32::MAX, finite (WGSL has no infinity literals).
+    let mut m_unit = f32::min_value();
     let mut j = k_start + unit;
     while live && j < k_end {
         let k_base = (g * capacity + j) * head_dim;
@@ -214,32 +217,48 @@ pub fn attention(
         for d in 0..head_dim {
             dot += q[(q_base + d) as usize] * k_cache[(k_base + d) as usize];
         }
-        scores[(j - k0) as usize] = dot * scale;
+        let sc = dot * scale;
+        scores[(j - k0) as usize] = sc;
+        m_unit = select(sc > m_unit, sc, m_unit);
         j += units;
     }
+    // The split's maximum: a tree over the units in shared memory.
+    let mut red = Shared::<[f32]>::new_slice(comptime!(ATTENTION_UNITS as usize));
+    red[unit as usize] = m_unit;
     sync_cube();
-    // The running maximum before any score: -f32::MAX, finite (WGSL has no infinity literals).
-    let mut m = f32::min_value();
-    let mut i = k_start;
-    while live && i < k_end {
-        let sc = scores[(i - k0) as usize];
-        m = select(sc > m, sc, m);
-        i += 1;
+    let mut stride = units / 2;
+    while stride > 0 {
+        if unit < stride {
+            let a = red[unit as usize];
+            let b = red[(unit + stride) as usize];
+            red[unit as usize] = select(b > a, b, a);
+        }
+        sync_cube();
+        stride /= 2;
     }
+    let m = red[0];
     sync_cube();
+    // Exponentials in place, each unit summing its own, then their sum by the same tree.
+    let mut l_unit = 0.0f32;
     let mut j = k_start + unit;
     while live && j < k_end {
         let at = (j - k0) as usize;
-        scores[at] = f32::exp(scores[at] - m);
+        let e = f32::exp(scores[at] - m);
+        scores[at] = e;
+        l_unit += e;
         j += units;
     }
+    red[unit as usize] = l_unit;
     sync_cube();
-    let mut l = 0.0f32;
-    let mut i = k_start;
-    while live && i < k_end {
-        l += scores[(i - k0) as usize];
-        i += 1;
+    let mut stride = units / 2;
+    while stride > 0 {
+        if unit < stride {
+            red[unit as usize] += red[(unit + stride) as usize];
+        }
+        sync_cube();
+        stride /= 2;
     }
+    let l = red[0];
     // The weighted sum of the values, one output dimension per unit at a time.
     let mut d = unit;
     while live && d < head_dim {

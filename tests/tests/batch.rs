@@ -22,7 +22,7 @@ const STEPS: usize = 12;
 
 fn rows(logits: Tensor<2>) -> Vec<Vec<f32>> {
     let [n, vocab] = logits.dims();
-    let v = logits.into_data().to_vec::<f32>().unwrap();
+    let v = logits.into_data().try_to_vec::<f32>().unwrap();
     (0..n)
         .map(|r| v[r * vocab..(r + 1) * vocab].to_vec())
         .collect()
@@ -145,6 +145,52 @@ fn batched_decode_equals_each_sequence_alone_on_wgpu() {
 #[test]
 fn batched_decode_equals_each_sequence_alone_on_the_cpu_backend() {
     check(&Device::flex(), "tiny-qwen3-Q8_0", 1e-4);
+}
+
+/// More sequences than one GEMV pass takes (20 rows: passes of 8, 8 and 4 over views of the
+/// activations), greedy and logits as alone, for a few steps.
+#[test]
+fn twenty_sequences_in_gemv_passes() {
+    let device = burn_gguf::default_device();
+    let file = GgufFile::open(fixtures().join("gguf/tiny-qwen3-Q8_0.gguf")).unwrap();
+    let model = Decoder::load(&GgufLoader::new(&file, &device, GgufConfig::default())).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..20u32)
+        .map(|i| {
+            (0..1 + i % 4)
+                .map(|j| (i * 17 + j * 31 + 3) % 384)
+                .collect()
+        })
+        .collect();
+    let mut state = BatchState::new(prompts.len());
+    let mut last: Vec<u32> = Vec::new();
+    let mut got: Vec<Vec<Vec<f32>>> = vec![Vec::new(); prompts.len()];
+    for step in 0..4 {
+        let ids: Vec<[u32; 1]> = last.iter().map(|&id| [id]).collect();
+        let seqs: Vec<(usize, &[u32])> = if step == 0 {
+            prompts
+                .iter()
+                .enumerate()
+                .map(|(s, p)| (s, &p[..]))
+                .collect()
+        } else {
+            ids.iter().enumerate().map(|(s, id)| (s, &id[..])).collect()
+        };
+        let logits = rows(model.forward_batch(&mut state, &seqs, false).unwrap());
+        last = logits.iter().map(|r| argmax(r)).collect();
+        for (s, row) in logits.into_iter().enumerate() {
+            got[s].push(row);
+        }
+    }
+    for (s, p) in prompts.iter().enumerate() {
+        let mut state = SequenceState::new();
+        let mut input = p.clone();
+        for (step, row) in got[s].iter().enumerate() {
+            let want = rows(model.forward(&input, &mut state, false).unwrap()).remove(0);
+            let d = max_abs_diff(row, &want);
+            assert!(d <= 1e-4, "sequence {s} step {step}: max |logit diff| {d}");
+            input = vec![argmax(&want)];
+        }
+    }
 }
 
 #[test]

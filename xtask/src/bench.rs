@@ -46,6 +46,7 @@
 //!
 //! Weights are random valid blocks (a small set repeated: the values do not matter for timing,
 //! only that they decode to finite numbers).
+mod batch;
 pub(crate) mod decode;
 mod e2e;
 mod system;
@@ -760,9 +761,26 @@ pub fn run(opts: &Options) -> Result<(), String> {
             .unwrap_or_else(|| PathBuf::from(decode::TINY));
         // The tiny model as llama-bench's tg64 runs it (64 tokens from an empty cache), in
         // rounds: one round is a fraction of a second, too short alone on a shared machine.
-        let mut models = vec![("tiny", tiny, 64, if opts.quick { 3 } else { 9 })];
+        let mut models = vec![decode::DecodeModel {
+            label: "tiny",
+            path: tiny,
+            steps: 64,
+            rounds: if opts.quick { 3 } else { 9 },
+            streams: 64,
+            batch_steps: if opts.quick { 16 } else { 32 },
+        }];
         if let Some(p) = e2e::model_path(opts) {
-            models.insert(0, ("model", p, steps, 1));
+            models.insert(
+                0,
+                decode::DecodeModel {
+                    label: "model",
+                    path: p,
+                    steps,
+                    rounds: 1,
+                    streams: 8,
+                    batch_steps: if opts.quick { 8 } else { 16 },
+                },
+            );
         }
         decode::run(&client, &models, opts.llama_bench.as_deref())
     };

@@ -11,7 +11,8 @@ use burn::backend::backend_extension;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::wgpu::{CubeBackend, CubeTensor};
 use burn::tensor::{DType, Shape};
-use ggml_kernels::{GemvConfig, GemvLaunch};
+use cubecl::prelude::BufferArg;
+use ggml_kernels::{GemvConfig, GemvLaunch, MAX_GEMV_ROWS};
 use gguf::GgmlType;
 
 /// Ops over raw ggml blocks. Shapes are in Burn order; `w` holds `rows` rows of `cols` elements.
@@ -255,20 +256,47 @@ fn gemv_op(
         pass_rows: None,
         glu,
     };
-    ggml_kernels::launch_gemv_with(
-        &client,
-        ggml_type,
-        w.into_buffer_arg(),
-        grid.into_buffer_arg(),
-        x.into_buffer_arg(),
-        y.clone().into_buffer_arg(),
-        rows,
-        cols,
-        config,
-        launch,
-    )
-    .unwrap_or_else(|e| panic!("ggml GEMV: {e}"));
+    // Passes of at most MAX_GEMV_ROWS rows over views of x and y (the caller checked that
+    // every pass starts at an aligned offset: `gemv_passes_fit`).
+    let (w, grid) = (w.into_buffer_arg(), grid.into_buffer_arg());
+    let arg = |b: &BufferArg| match b {
+        // SAFETY: the same buffer, with the length it was given.
+        BufferArg::Handle { handle } => unsafe {
+            BufferArg::from_raw_parts_binding(handle.handle.clone(), b.len())
+        },
+        BufferArg::Alias { .. } => unreachable!("a tensor's buffer is not an alias"),
+    };
+    for start in (0..m).step_by(MAX_GEMV_ROWS) {
+        let len = MAX_GEMV_ROWS.min(m - start);
+        let view = |t: &CubeTensor, width: usize| {
+            let bytes = (start * width * size_of::<f32>()) as u64;
+            // SAFETY: rows start..start + len of a contiguous [m, width] f32 buffer.
+            unsafe { BufferArg::from_raw_parts(t.handle.clone().offset_start(bytes), len * width) }
+        };
+        ggml_kernels::launch_gemv_with(
+            &client,
+            ggml_type,
+            arg(&w),
+            arg(&grid),
+            view(&x, cols),
+            view(&y, out),
+            rows,
+            cols,
+            config,
+            launch,
+        )
+        .unwrap_or_else(|e| panic!("ggml GEMV: {e}"));
+    }
     y
+}
+
+/// Whether [`GgmlOps::ggml_gemv`] can take `m` activation rows of `cols` into `out` outputs in
+/// passes of [`MAX_GEMV_ROWS`] over views of its buffers: one pass, or every pass's first row
+/// of `x` and `y` at a multiple of the device's buffer-offset alignment (`align` bytes).
+pub(crate) fn gemv_passes_fit(m: usize, cols: usize, out: usize, align: u64) -> bool {
+    let pass = |width: usize| (MAX_GEMV_ROWS * width * size_of::<f32>()) as u64;
+    m <= MAX_GEMV_ROWS
+        || (align > 0 && pass(cols).is_multiple_of(align) && pass(out).is_multiple_of(align))
 }
 
 impl GgmlOps for CubeBackend {

@@ -279,13 +279,17 @@ impl GgmlTensor {
             k, cols,
             "GgmlTensor::matmul_t: x has {k} columns, the weight {cols}"
         );
-        if m > MAX_GEMV_ROWS && m <= GEMV_BATCH_ROWS {
+        let device = x.device();
+        let in_one_op = m <= MAX_GEMV_ROWS
+            || (m <= GEMV_BATCH_ROWS
+                && (self.parts.iter()).all(|p| self.passes_fit(&device, m, cols, p.rows)));
+        if !in_one_op && m <= GEMV_BATCH_ROWS {
             return Tensor::cat(
                 passes(x, m).into_iter().map(|x| self.matmul_t(x)).collect(),
                 0,
             );
         }
-        let outs: Vec<Tensor<2>> = if m <= MAX_GEMV_ROWS {
+        let outs: Vec<Tensor<2>> = if in_one_op {
             self.parts
                 .iter()
                 .map(|p| {
@@ -339,7 +343,7 @@ impl GgmlTensor {
         if m > GEMV_BATCH_ROWS || rows % 2 == 1 || self.parts.len() != 1 {
             return None;
         }
-        if m > MAX_GEMV_ROWS {
+        if m > MAX_GEMV_ROWS && !self.passes_fit(&x.device(), m, cols, rows / 2) {
             let outs = passes(x, m)
                 .into_iter()
                 .map(|x| self.matmul_t_gated(x, gelu))
@@ -356,6 +360,14 @@ impl GgmlTensor {
             cols,
             gelu,
         )))
+    }
+
+    /// Whether one GEMV op takes `m` rows of `cols` into `out` outputs in passes over views of
+    /// its buffers ([`crate::ops::gemv_passes_fit`]) on `device`.
+    fn passes_fit(&self, device: &Device, m: usize, cols: usize, out: usize) -> bool {
+        crate::cube_client(device).is_some_and(|c| {
+            crate::ops::gemv_passes_fit(m, cols, out, c.properties().memory.alignment)
+        })
     }
 
     /// Dequantizes the rows `ids` (embedding lookup): `[ids.len(), cols]` f32.

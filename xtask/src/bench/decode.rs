@@ -20,7 +20,7 @@ use cubecl_runtime::logging::{LaunchObservation, LaunchObserver};
 use serde_json::{Value, json};
 
 /// The prompt of every decode measurement.
-const PROMPT: &str = "Once upon a time";
+pub(super) const PROMPT: &str = "Once upon a time";
 /// Tiny fixture whose weights (1.4 MB) make its decode time per-token overhead.
 pub(super) const TINY: &str = "../shared/fixtures/gguf/tiny-qwen3-Q8_0.gguf";
 
@@ -297,13 +297,26 @@ pub(super) fn llama_bench(
     ))
 }
 
+/// One model of the decode section.
+pub(super) struct DecodeModel {
+    /// Its name in the output (`tiny` is measured against llama.cpp's tg64, others tg32).
+    pub label: &'static str,
+    /// The GGUF file.
+    pub path: PathBuf,
+    /// Decode steps per round.
+    pub steps: usize,
+    /// Rounds of `steps` from an empty cache.
+    pub rounds: usize,
+    /// Streams of the batched-decode measurement ([`super::batch::batched_decode`]).
+    pub streams: usize,
+    /// Tokens per stream of the batched-decode measurement.
+    pub batch_steps: usize,
+}
+
 /// The decode section of the bench: the empty-kernel floor, then for each model its per-token
-/// costs, its fresh-process first token, and llama.cpp's figures when `llama` is given.
-pub(super) fn run(
-    client: &Client,
-    models: &[(&str, PathBuf, usize, usize)],
-    llama: Option<&Path>,
-) -> Value {
+/// costs, batched decode of several streams against each alone, its fresh-process first
+/// token, and llama.cpp's figures when `llama` is given.
+pub(super) fn run(client: &Client, models: &[DecodeModel], llama: Option<&Path>) -> Value {
     println!("decode (greedy, after \"{PROMPT}\"):");
     let floor = match empty_kernel_s(client, 2000) {
         Ok(s) => s,
@@ -315,7 +328,8 @@ pub(super) fn run(
     println!("  empty kernel dispatch: {:.1} us", floor * 1e6);
     let mut out = serde_json::Map::new();
     out.insert("empty_kernel_us".into(), json!(floor * 1e6));
-    for (label, path, steps, rounds) in models {
+    for m in models {
+        let (label, path) = (&m.label, &m.path);
         if !path.is_file() {
             println!("  {label}: skipped: {} not found", path.display());
             out.insert(
@@ -324,10 +338,14 @@ pub(super) fn run(
             );
             continue;
         }
-        let mut v = decode_costs(label, path, *steps, *rounds, floor).unwrap_or_else(|e| {
+        let mut v = decode_costs(label, path, m.steps, m.rounds, floor).unwrap_or_else(|e| {
             println!("  {label}: failed: {e}");
             json!({"skipped": e})
         });
+        match super::batch::batched_decode(label, path, m.streams, m.batch_steps) {
+            Ok(b) => v["batched"] = b,
+            Err(e) => println!("  {label}: batched decode failed: {e}"),
+        }
         match fresh_first_tokens(label, path) {
             Ok(f) => v["fresh_first_token"] = f,
             Err(e) => println!("  {label}: fresh first token failed: {e}"),
