@@ -153,6 +153,11 @@ pub struct Generation {
     pub stream_options: Option<StreamOptions>,
     /// Number of choices; only 1 is supported.
     pub n: Option<u32>,
+    /// Chat: `true` for each generated token's log-probability. Completions: an integer, the
+    /// number of most likely alternatives per token (0 to 20).
+    pub logprobs: Option<serde_json::Value>,
+    /// Chat, with `logprobs`: the number of most likely alternatives per token (0 to 20).
+    pub top_logprobs: Option<serde_json::Value>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -207,13 +212,65 @@ pub struct Checked {
     pub stop: Vec<String>,
     /// `max_tokens` as asked (None: up to the context).
     pub max_tokens: Option<u64>,
+    /// Log-probabilities: `None`, or `Some(k)` with `k` alternatives per token.
+    pub logprobs: Option<usize>,
+}
+
+/// Which endpoint's reading of `logprobs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogprobsStyle {
+    /// `/v1/chat/completions`: `logprobs: bool`, `top_logprobs: int`.
+    Chat,
+    /// `/v1/completions`: `logprobs: int`.
+    Completion,
+}
+
+/// The log-probabilities `g` asks for: `None`, or `Some(k)` alternatives per token.
+///
+/// # Errors
+/// A 400 naming the field for a value of the wrong type, past
+/// [`super::engine::MAX_TOP_LOGPROBS`], or `top_logprobs` without `logprobs: true`.
+pub fn check_logprobs(g: &Generation, style: LogprobsStyle) -> Result<Option<usize>, ApiError> {
+    use serde_json::Value;
+    let max = super::engine::MAX_TOP_LOGPROBS;
+    let count = |v: &Value, field: &'static str| match v.as_u64() {
+        Some(k) if k as usize <= max => Ok(k as usize),
+        _ => Err(ApiError::bad_request(
+            format!("{field} must be an integer from 0 to {max}, got {v}"),
+            Some(field),
+        )),
+    };
+    let top = match &g.top_logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(count(v, "top_logprobs")?),
+    };
+    match style {
+        LogprobsStyle::Chat => match &g.logprobs {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => match top {
+                Some(k) if k > 0 => Err(ApiError::bad_request(
+                    "top_logprobs needs logprobs: true",
+                    Some("top_logprobs"),
+                )),
+                _ => Ok(None),
+            },
+            Some(Value::Bool(true)) => Ok(Some(top.unwrap_or(0))),
+            Some(v) => Err(ApiError::bad_request(
+                format!("logprobs must be true or false, got {v}"),
+                Some("logprobs"),
+            )),
+        },
+        LogprobsStyle::Completion => match &g.logprobs {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => Ok(Some(count(v, "logprobs")?)),
+        },
+    }
 }
 
 /// Checks the fields of `g` (not the length against the prompt: see [`max_tokens_for`]).
 ///
 /// # Errors
 /// A 400 naming the field for an out-of-range value or `n` other than 1.
-pub fn check_generation(g: &Generation) -> Result<Checked, ApiError> {
+pub fn check_generation(g: &Generation, style: LogprobsStyle) -> Result<Checked, ApiError> {
     if g.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("only n = 1 is supported", Some("n")));
     }
@@ -264,6 +321,7 @@ pub fn check_generation(g: &Generation) -> Result<Checked, ApiError> {
         },
         stop,
         max_tokens,
+        logprobs: check_logprobs(g, style)?,
     })
 }
 

@@ -1,10 +1,16 @@
 //! The generation engine of one served model: a worker thread that owns the model on the
-//! device and interleaves the running sequences one forward pass at a time, each with its own
-//! KV cache.
+//! device and runs its sequences with continuous batching.
 //!
-//! Requests reach the worker as [`Job`]s over a channel; tokens go back as [`Event`]s over a
-//! channel per job. A job whose receiver is gone (the client disconnected) is dropped before
-//! its next step, which frees its concurrency permit at once.
+//! Every running sequence has a slot in one [`BatchState`] (its KV cache rows). Each round of
+//! the worker takes the jobs that arrived, prefills one chunk of at most [`PREFILL_CHUNK`]
+//! prompt tokens of one new sequence (so a long prompt does not stall the others for long),
+//! then decodes one token of every sequence past its prompt in one forward pass
+//! ([`Decoder::forward_batch`]; passes of [`DECODE_ROWS`] rows). A sequence joins at a round
+//! boundary and leaves as soon as it ends or its client is gone, freeing its slot and its
+//! concurrency permit.
+//!
+//! Requests reach the worker as [`Job`]s over a channel; text goes back as [`Event`]s over a
+//! channel per job.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -12,20 +18,33 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::time::Instant;
 
-use burn_gguf_models::{
-    CausalLm, ChatTemplate, Decoder, GgufTokenizer, Sampler, SamplerConfig, SequenceState,
-    generate::next_token,
-};
+use burn::tensor::Tensor;
+use burn_gguf_models::generate::{SampleFrom, sample_from};
+use burn_gguf_models::{BatchState, ChatTemplate, Decoder, GgufTokenizer, Sampler, SamplerConfig};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::UnboundedSender;
+
+use super::metrics::Metrics;
+
+/// Prompt tokens one prefill pass takes: a longer prompt is prefilled in several rounds, each
+/// followed by a decode step of the running sequences.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// Sequences one decode pass takes (the fused GEMV's batch,
+/// [`burn_gguf::tensor::GEMV_BATCH_ROWS`]); more run in further passes of the same round.
+pub const DECODE_ROWS: usize = burn_gguf::tensor::GEMV_BATCH_ROWS;
+
+/// Most `top_logprobs` a request may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Why a sequence ended, as OpenAI names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
     /// An end-of-generation token or a stop string.
     Stop,
-    /// `max_tokens` reached.
+    /// `max_tokens` reached, or the context is full.
     Length,
 }
 
@@ -39,11 +58,33 @@ impl FinishReason {
     }
 }
 
+/// One candidate token and its log-probability.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text (lossy where its bytes are part of a character).
+    pub token: String,
+    /// The token's bytes.
+    pub bytes: Vec<u8>,
+    /// Natural log of its probability under the model's distribution (the softmax of the
+    /// logits, before temperature or truncation).
+    pub logprob: f32,
+}
+
+/// The log-probability of a generated token and of the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Logprobs {
+    /// The generated token.
+    pub chosen: TokenLogprob,
+    /// The `top_logprobs` most likely tokens, most likely first.
+    pub top: Vec<TokenLogprob>,
+}
+
 /// What the worker sends back for one job.
 #[derive(Debug)]
 pub enum Event {
-    /// New text (complete UTF-8, never part of a stop string).
-    Text(String),
+    /// New text (complete UTF-8, never part of a stop string), and the log-probabilities of
+    /// the tokens generated since the last text when the request asked for them.
+    Text(String, Vec<Logprobs>),
     /// The end: why, and the token counts for `usage`.
     Done {
         /// Why generation ended.
@@ -67,6 +108,9 @@ pub struct Job {
     pub sampler: SamplerConfig,
     /// Stop strings: generation ends before the first occurrence of any.
     pub stop: Vec<String>,
+    /// Log-probabilities: `None`, or `Some(k)` for the chosen token's and the `k` (at most
+    /// [`MAX_TOP_LOGPROBS`]) most likely tokens'.
+    pub logprobs: Option<usize>,
     /// Where events go; closed when the client is gone.
     pub events: UnboundedSender<Event>,
     /// The concurrency slot this job holds until it is dropped.
@@ -90,12 +134,18 @@ pub struct ModelHandle {
 }
 
 /// Starts the worker thread of the model at `path`: it loads the model on the default device
-/// (packed, or dequantized with `dequantize`) and then serves jobs. Returns once the model is
-/// loaded.
+/// (packed, or dequantized with `dequantize`) and then serves jobs, up to `slots` sequences at
+/// once (the server's `--max-concurrent`). Returns once the model is loaded.
 ///
 /// # Errors
 /// A load error as a message (the thread has ended then).
-pub fn start(path: PathBuf, dequantize: bool, ctx_cap: usize) -> Result<ModelHandle, String> {
+pub fn start(
+    path: PathBuf,
+    dequantize: bool,
+    ctx_cap: usize,
+    slots: usize,
+    metrics: Arc<Metrics>,
+) -> Result<ModelHandle, String> {
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
     let (ready_tx, ready_rx) = mpsc::channel();
     let running = Arc::new(AtomicUsize::new(0));
@@ -124,7 +174,17 @@ pub fn start(path: PathBuf, dequantize: bool, ctx_cap: usize) -> Result<ModelHan
             let n_ctx = loaded.model.config().context_length.min(ctx_cap);
             let _ = ready_tx.send(Ok((tokenizer.clone(), Arc::new(template), n_ctx)));
             drop(loaded.file);
-            worker(&loaded.model, &tokenizer, jobs_rx, &running_w);
+            let mut worker = Worker {
+                model: &loaded.model,
+                tokenizer: &tokenizer,
+                state: BatchState::new(slots.max(1)),
+                free: (0..slots.max(1)).rev().collect(),
+                waiting: VecDeque::new(),
+                active: Vec::new(),
+                metrics: &metrics,
+                from: SampleFrom::for_device(loaded.model.device()),
+            };
+            worker.run(jobs_rx, &running_w);
         })
         .map_err(|e| format!("could not start a model thread: {e}"))?;
     match ready_rx.recv() {
@@ -144,134 +204,329 @@ pub fn start(path: PathBuf, dequantize: bool, ctx_cap: usize) -> Result<ModelHan
 /// A running sequence.
 struct Sequence {
     job: Job,
-    cache: <Decoder as CausalLm>::Cache,
+    /// Its slot in the worker's [`BatchState`].
+    slot: usize,
     sampler: Sampler,
+    /// Prompt tokens in the cache.
+    fed: usize,
     generated: Vec<u32>,
     /// Text of `generated` decoded so far (complete UTF-8 only).
     text: String,
     /// Bytes of `text` already sent.
     sent: usize,
+    /// Log-probabilities of tokens not yet sent with text.
+    logprobs: Vec<Logprobs>,
+    /// When the worker took the job (time to first token).
+    received: Instant,
+    /// Ended: to be dropped at the end of the round.
+    done: bool,
 }
 
-/// Serves jobs until every sender is dropped and no sequence runs: each round takes the jobs
-/// that arrived, then runs one step (prefill, or one decode token) of every running sequence.
-fn worker(
-    model: &Decoder,
-    tokenizer: &GgufTokenizer,
-    jobs: mpsc::Receiver<Job>,
-    running: &AtomicUsize,
-) {
-    let mut active: VecDeque<Sequence> = VecDeque::new();
-    loop {
-        if active.is_empty() {
-            running.store(0, Ordering::SeqCst);
-            match jobs.recv() {
-                Ok(job) => active.push_back(new_sequence(job)),
-                Err(_) => return,
+impl Sequence {
+    fn prefilled(&self) -> bool {
+        self.fed == self.job.prompt_ids.len()
+    }
+}
+
+/// The worker of one model: its batch state, free slots and sequences.
+struct Worker<'a> {
+    model: &'a Decoder,
+    tokenizer: &'a GgufTokenizer,
+    state: BatchState,
+    /// Free slots of `state`.
+    free: Vec<usize>,
+    /// Jobs waiting for a slot (only when more jobs reach this worker than it has slots).
+    waiting: VecDeque<Job>,
+    active: Vec<Sequence>,
+    metrics: &'a Metrics,
+    from: SampleFrom,
+}
+
+impl Worker<'_> {
+    /// Serves jobs until every sender is dropped and no sequence runs.
+    fn run(&mut self, jobs: mpsc::Receiver<Job>, running: &AtomicUsize) {
+        loop {
+            if self.active.is_empty() && self.waiting.is_empty() {
+                running.store(0, Ordering::SeqCst);
+                match jobs.recv() {
+                    Ok(job) => self.waiting.push_back(job),
+                    Err(_) => return,
+                }
             }
+            while let Ok(job) = jobs.try_recv() {
+                self.waiting.push_back(job);
+            }
+            self.admit();
+            running.store(self.active.len(), Ordering::SeqCst);
+            // A panic in a pass (a bug) ends the sequences of that pass, not the server.
+            if std::panic::catch_unwind(AssertUnwindSafe(|| self.round())).is_err() {
+                self.fail_all("internal error in generation");
+            }
+            self.retire();
         }
-        while let Ok(job) = jobs.try_recv() {
-            active.push_back(new_sequence(job));
-        }
-        running.store(active.len(), Ordering::SeqCst);
-        for _ in 0..active.len() {
-            let Some(mut seq) = active.pop_front() else {
+    }
+
+    /// Gives waiting jobs free slots.
+    fn admit(&mut self) {
+        while !self.waiting.is_empty() {
+            let Some(slot) = self.free.pop() else {
                 break;
             };
-            // A panic in one sequence's step (a bug) ends that sequence, not the server.
-            let keep =
-                std::panic::catch_unwind(AssertUnwindSafe(|| step(model, tokenizer, &mut seq)))
-                    .unwrap_or_else(|_| {
-                        let _ = seq
-                            .job
-                            .events
-                            .send(Event::Error("internal error in generation".into()));
-                        false
-                    });
-            if keep {
-                active.push_back(seq);
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
+            self.metrics.request();
+            self.state.truncate(slot, 0);
+            self.active.push(Sequence {
+                sampler: Sampler::new(job.sampler.clone()),
+                job,
+                slot,
+                fed: 0,
+                generated: Vec::new(),
+                text: String::new(),
+                sent: 0,
+                logprobs: Vec::new(),
+                received: Instant::now(),
+                done: false,
+            });
+        }
+    }
+
+    /// Drops ended sequences (and their permits) and frees their slots.
+    fn retire(&mut self) {
+        let free = &mut self.free;
+        self.active.retain(|s| {
+            let keep = !s.done && !s.job.events.is_closed();
+            if !keep {
+                free.push(s.slot);
+            }
+            keep
+        });
+    }
+
+    /// One round: a prefill chunk of the first sequence still in its prompt, then one decode
+    /// step of every sequence past its prompt. A failed pass ends every sequence (the batch
+    /// state is lost with it).
+    fn round(&mut self) {
+        // A client that left frees its slot before any work is done for it.
+        for s in &mut self.active {
+            s.done |= s.job.events.is_closed();
+        }
+        if let Some(i) = self.active.iter().position(|s| !s.done && !s.prefilled()) {
+            if let Err(e) = self.prefill(i) {
+                self.fail_all(&e);
+                return;
+            }
+        }
+        let ready: Vec<usize> = (0..self.active.len())
+            .filter(|&i| {
+                let s = &self.active[i];
+                !s.done && s.prefilled() && !s.generated.is_empty()
+            })
+            .collect();
+        for group in ready.chunks(DECODE_ROWS) {
+            if let Err(e) = self.decode(group) {
+                self.fail_all(&e);
+                return;
             }
         }
     }
-}
 
-fn new_sequence(job: Job) -> Sequence {
-    // The whole answer's KV cache at once: it never grows (reallocates) mid-answer.
-    let positions = job.prompt_ids.len() + job.max_tokens;
-    Sequence {
-        cache: SequenceState::with_capacity(positions),
-        sampler: Sampler::new(job.sampler.clone()),
-        generated: Vec::new(),
-        text: String::new(),
-        sent: 0,
-        job,
+    /// Prefills the next chunk of sequence `i`'s prompt; after its last chunk, its first token.
+    fn prefill(&mut self, i: usize) -> Result<(), String> {
+        let s = &self.active[i];
+        let end = (s.fed + PREFILL_CHUNK).min(s.job.prompt_ids.len());
+        let chunk = &s.job.prompt_ids[s.fed..end];
+        let t = Instant::now();
+        let logits = self
+            .model
+            .forward_batch(&mut self.state, &[(s.slot, chunk)], false)
+            .map_err(|e| e.to_string())?;
+        let tokens = chunk.len();
+        let s = &mut self.active[i];
+        s.fed = end;
+        if s.prefilled() {
+            let token = self.choose(i, logits)?;
+            self.metrics.prefill(tokens, t.elapsed());
+            self.metrics.first_token_generated();
+            let s = &self.active[i];
+            self.metrics.first_token(s.received.elapsed());
+            self.accept(i, token);
+        } else {
+            // The logits of a middle chunk are not needed; the pass ran all the same.
+            drop(logits);
+            self.metrics.prefill(tokens, t.elapsed());
+        }
+        Ok(())
+    }
+
+    /// One decode pass over sequences `group` (each past its prompt, with a last token).
+    fn decode(&mut self, group: &[usize]) -> Result<(), String> {
+        let t = Instant::now();
+        let last: Vec<[u32; 1]> = group
+            .iter()
+            .map(|&i| [*self.active[i].generated.last().unwrap_or(&0)])
+            .collect();
+        let seqs: Vec<(usize, &[u32])> = group
+            .iter()
+            .zip(&last)
+            .map(|(&i, id)| (self.active[i].slot, &id[..]))
+            .collect();
+        let logits = self
+            .model
+            .forward_batch(&mut self.state, &seqs, false)
+            .map_err(|e| e.to_string())?;
+        let tokens = self.choose_rows(group, logits)?;
+        self.metrics.decode(group.len(), t.elapsed());
+        for (&i, token) in group.iter().zip(tokens) {
+            self.accept(i, token);
+        }
+        Ok(())
+    }
+
+    /// The next token of each sequence of `group` from its row of `logits` `[group.len(),
+    /// vocab]`: one argmax read for all greedy rows without log-probabilities, each other row
+    /// on its own.
+    fn choose_rows(&mut self, group: &[usize], logits: Tensor<2>) -> Result<Vec<u32>, String> {
+        let simple = |s: &Sequence| s.sampler.config().is_greedy() && s.job.logprobs.is_none();
+        if group.iter().all(|&i| simple(&self.active[i])) {
+            let ids = logits
+                .argmax(1)
+                .try_into_data()
+                .map_err(|e| format!("{e:?}"))?;
+            return Ok(ids.iter::<i64>().map(|v| v as u32).collect());
+        }
+        let mut out = Vec::with_capacity(group.len());
+        for (r, &i) in group.iter().enumerate() {
+            out.push(self.choose(i, logits.clone().narrow(0, r, 1))?);
+        }
+        Ok(out)
+    }
+
+    /// Sequence `i`'s next token from `logits` `[1, vocab]`, with its log-probabilities when
+    /// the request asked for them.
+    fn choose(&mut self, i: usize, logits: Tensor<2>) -> Result<u32, String> {
+        let s = &mut self.active[i];
+        let token =
+            sample_from(logits.clone(), &mut s.sampler, self.from).map_err(|e| e.to_string())?;
+        if let Some(k) = s.job.logprobs {
+            let lp = logprobs(self.tokenizer, logits, token, k)?;
+            self.active[i].logprobs.push(lp);
+        }
+        Ok(token)
+    }
+
+    /// Takes sequence `i`'s new `token`: sends the text it completes, ends the sequence on an
+    /// end-of-generation token, a stop string or its length.
+    fn accept(&mut self, i: usize, token: u32) {
+        let tokenizer = self.tokenizer;
+        let seq = &mut self.active[i];
+        seq.generated.push(token);
+        let eog = tokenizer.is_eog(token);
+        let last = eog || seq.generated.len() >= seq.job.max_tokens;
+        // Text grows only by complete UTF-8, except at the end, where the last (lossy) decode
+        // is taken as `run` does.
+        if let Ok(full) = tokenizer.decode(&seq.generated)
+            && (last || !full.ends_with('\u{FFFD}'))
+            && full.starts_with(seq.text.as_str())
+        {
+            seq.text = full;
+        }
+        let finish = if let Some(at) = first_stop(&seq.text, &seq.job.stop) {
+            flush(seq, at, true);
+            Some(FinishReason::Stop)
+        } else if last {
+            flush(seq, seq.text.len(), true);
+            Some(if eog {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            })
+        } else {
+            // Hold back a tail that could be the start of a stop string.
+            let safe = seq.text.len() - held_back(&seq.text, &seq.job.stop);
+            flush(seq, safe, false);
+            None
+        };
+        if let Some(reason) = finish {
+            let _ = seq.job.events.send(Event::Done {
+                finish_reason: reason,
+                prompt_tokens: seq.job.prompt_ids.len(),
+                completion_tokens: seq.generated.len(),
+            });
+            seq.done = true;
+        }
+    }
+
+    /// Ends every running sequence with `message` and starts a fresh batch state (a failed
+    /// pass leaves it empty).
+    fn fail_all(&mut self, message: &str) {
+        for s in &mut self.active {
+            if !s.done {
+                let _ = s.job.events.send(Event::Error(message.to_string()));
+                s.done = true;
+            }
+        }
+        self.state = BatchState::new(self.state.slots());
     }
 }
 
-/// Runs one forward pass of `seq` and sends what it produced. Returns whether it goes on.
-fn step(model: &Decoder, tokenizer: &GgufTokenizer, seq: &mut Sequence) -> bool {
-    if seq.job.events.is_closed() {
-        // The client is gone: drop the sequence (and its permit) now.
-        return false;
+/// The log-probability of `token` and the `k` most likely tokens under `logits` `[1, vocab]`:
+/// the log-softmax and the selection run on the device; `k + 1` values come back.
+fn logprobs(
+    tokenizer: &GgufTokenizer,
+    logits: Tensor<2>,
+    token: u32,
+    k: usize,
+) -> Result<Logprobs, String> {
+    fn read(e: impl std::fmt::Debug) -> String {
+        format!("{e:?}")
     }
-    let input: Vec<u32> = match seq.generated.last() {
-        None => seq.job.prompt_ids.clone(),
-        Some(&t) => vec![t],
-    };
-    let token = match model
-        .forward(&input, &mut seq.cache, false)
-        .and_then(|logits| next_token(logits, &mut seq.sampler))
-    {
-        Ok(t) => t,
-        Err(e) => {
-            let _ = seq.job.events.send(Event::Error(e.to_string()));
-            return false;
+    let lp = burn::tensor::activation::log_softmax(logits, 1);
+    let t = token as usize;
+    let chosen = lp
+        .clone()
+        .slice([0..1, t..t + 1])
+        .try_into_data()
+        .map_err(read)?
+        .iter::<f32>()
+        .next()
+        .unwrap_or(f32::NEG_INFINITY);
+    let entry = |id: u32, logprob: f32| {
+        let bytes = tokenizer.token_bytes(id, true).unwrap_or_default();
+        TokenLogprob {
+            token: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes,
+            logprob,
         }
     };
-    seq.generated.push(token);
-    let done = |seq: &Sequence, reason| {
-        let _ = seq.job.events.send(Event::Done {
-            finish_reason: reason,
-            prompt_tokens: seq.job.prompt_ids.len(),
-            completion_tokens: seq.generated.len(),
-        });
-        false
-    };
-    let eog = tokenizer.is_eog(token);
-    let last = eog || seq.generated.len() >= seq.job.max_tokens;
-    // Text grows only by complete UTF-8, except at the end, where the last (lossy) decode is
-    // taken as `run` does.
-    if let Ok(full) = tokenizer.decode(&seq.generated)
-        && (last || !full.ends_with('\u{FFFD}'))
-        && full.starts_with(seq.text.as_str())
-    {
-        seq.text = full;
+    let mut top = Vec::new();
+    if k > 0 {
+        let (values, ids) = burn_gguf::top_k(lp, k.min(MAX_TOP_LOGPROBS));
+        let values = values.try_into_data().map_err(read)?;
+        let ids = ids.try_into_data().map_err(read)?;
+        top = values
+            .iter::<f32>()
+            .zip(ids.iter::<i64>())
+            .filter(|&(_, id)| id as u32 != burn_gguf::sampling::NO_ID)
+            .map(|(v, id)| entry(id as u32, v))
+            .collect();
     }
-    if let Some(at) = first_stop(&seq.text, &seq.job.stop) {
-        flush(seq, at);
-        return done(seq, FinishReason::Stop);
-    }
-    if last {
-        flush(seq, seq.text.len());
-        let reason = if eog {
-            FinishReason::Stop
-        } else {
-            FinishReason::Length
-        };
-        return done(seq, reason);
-    }
-    // Hold back a tail that could be the start of a stop string.
-    let safe = seq.text.len() - held_back(&seq.text, &seq.job.stop);
-    flush(seq, safe);
-    true
+    Ok(Logprobs {
+        chosen: entry(token, chosen),
+        top,
+    })
 }
 
-/// Sends `text[sent..upto]` (if any) and advances `sent`.
-fn flush(seq: &mut Sequence, upto: usize) {
-    if upto > seq.sent {
-        let piece = seq.text[seq.sent..upto].to_string();
-        seq.sent = upto;
-        let _ = seq.job.events.send(Event::Text(piece));
+/// Sends `text[sent..upto]` (if any) with the log-probabilities gathered since the last
+/// text, and advances `sent`; at the `end`, sends the remaining log-probabilities even with
+/// no new text.
+fn flush(seq: &mut Sequence, upto: usize, end: bool) {
+    if upto > seq.sent || (end && !seq.logprobs.is_empty()) {
+        let piece = seq.text[seq.sent..upto.max(seq.sent)].to_string();
+        seq.sent = upto.max(seq.sent);
+        let lps = std::mem::take(&mut seq.logprobs);
+        let _ = seq.job.events.send(Event::Text(piece, lps));
     }
 }
 

@@ -1,17 +1,20 @@
 //! `burn-gguf serve`: an OpenAI-compatible HTTP server (axum on tokio).
 //!
 //! Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (both with
-//! `stream: true` as server-sent events ending in `data: [DONE]`), `GET /health`.
+//! `stream: true` as server-sent events ending in `data: [DONE]`), `GET /health`, and
+//! `GET /metrics` (Prometheus text, [`metrics`]).
 //!
 //! Each model has one worker thread ([`engine`]) that owns its weights on the device and
-//! interleaves the running sequences, each with its own KV cache. At most `max_concurrent`
-//! sequences run (over all models); up to `max_queue` more wait, and past that a request gets
-//! 429. A client that disconnects frees its slot before the next token. Ctrl-C or SIGTERM stops
-//! accepting connections, lets running requests finish, and exits.
+//! decodes its running sequences together, one forward pass per step (continuous batching),
+//! each in its own slot of one batched KV cache. At most `max_concurrent` sequences run (over
+//! all models); up to `max_queue` more wait, and past that a request gets 429. A client that
+//! disconnects frees its slot before the next step. Ctrl-C or SIGTERM stops accepting
+//! connections, lets running requests finish, and exits.
 
 pub mod api;
 pub mod body;
 pub mod engine;
+pub mod metrics;
 pub mod models;
 
 use std::net::SocketAddr;
@@ -31,8 +34,9 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use api::{ApiError, Reasoning};
-use engine::{Event, FinishReason, Job, ModelHandle};
+use api::{ApiError, LogprobsStyle, Reasoning};
+use engine::{Event, FinishReason, Job, Logprobs, ModelHandle};
+use metrics::Metrics;
 
 /// Options of `serve` (its command line).
 #[derive(Clone, Debug, clap::Args)]
@@ -52,7 +56,8 @@ pub struct ServeOptions {
     /// field overrides it. auto: the template's default.
     #[arg(long, value_enum, default_value = "auto")]
     pub reasoning: Reasoning,
-    /// Most sequences generating at once (over all models).
+    /// Most sequences generating at once (over all models): each model's worker decodes up to
+    /// this many together, one forward pass per step.
     #[arg(long, default_value_t = 8)]
     pub max_concurrent: usize,
     /// Most requests waiting for a slot; more are answered 429.
@@ -86,6 +91,7 @@ struct AppState {
     max_body_bytes: usize,
     created: u64,
     next_id: AtomicU64,
+    metrics: Arc<Metrics>,
 }
 
 type Shared = Arc<AppState>;
@@ -114,13 +120,20 @@ pub fn serve(opts: &ServeOptions) -> Result<(), String> {
     for spec in &opts.models {
         sources.extend(models::resolve(spec)?);
     }
+    let metrics = Arc::new(Metrics::new());
     let mut served: Vec<Served> = Vec::new();
     for s in sources {
         if served.iter().any(|m| m.id == s.id) {
             return Err(format!("two models are named '{}'", s.id));
         }
         eprintln!("loading '{}' from {}", s.id, s.path.display());
-        let handle = engine::start(s.path.clone(), opts.dequantize, opts.ctx_size)?;
+        let handle = engine::start(
+            s.path.clone(),
+            opts.dequantize,
+            opts.ctx_size,
+            opts.max_concurrent,
+            metrics.clone(),
+        )?;
         served.push(Served { id: s.id, handle });
     }
     let state = Arc::new(AppState {
@@ -133,6 +146,7 @@ pub fn serve(opts: &ServeOptions) -> Result<(), String> {
         max_body_bytes: opts.max_body_bytes,
         created: now_secs(),
         next_id: AtomicU64::new(1),
+        metrics,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -189,6 +203,7 @@ async fn shutdown_signal() {
 fn router(state: Shared) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
         .route("/v1/models", get(list_models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
@@ -213,6 +228,23 @@ async fn health(State(s): State<Shared>) -> Response {
         "max_concurrent": s.max_concurrent,
     }))
     .into_response()
+}
+
+async fn metrics_text(State(s): State<Shared>) -> Response {
+    let running: usize = s
+        .models
+        .iter()
+        .map(|m| m.handle.running.load(Ordering::SeqCst))
+        .sum();
+    let body = s.metrics.render(running, s.waiting.load(Ordering::SeqCst));
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }
 
 async fn list_models(State(s): State<Shared>) -> Response {
@@ -309,6 +341,7 @@ async fn submit(s: &AppState, p: Prepared<'_>) -> Result<UnboundedReceiver<Event
         max_tokens: p.max_tokens,
         sampler: p.checked.sampler,
         stop: p.checked.stop,
+        logprobs: p.checked.logprobs,
         events: tx,
         permit,
     };
@@ -337,7 +370,7 @@ async fn chat_inner(s: &Shared, body: Body) -> Result<Response, ApiError> {
     let req: api::ChatRequest = parse_body(s, body).await?;
     let served = model(s, &req.model)?;
     let messages = api::check_messages(&req.messages)?;
-    let checked = api::check_generation(&req.generation)?;
+    let checked = api::check_generation(&req.generation, LogprobsStyle::Chat)?;
     // Precedence: the request's `reasoning`, then its `chat_template_kwargs`, then --reasoning.
     let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
     let reasoning = match req.reasoning {
@@ -393,7 +426,7 @@ async fn completion_inner(s: &Shared, body: Body) -> Result<Response, ApiError> 
             Some("prompt"),
         ));
     }
-    let checked = api::check_generation(&req.generation)?;
+    let checked = api::check_generation(&req.generation, LogprobsStyle::Completion)?;
     // As `run` does: the tokenizer's BOS rule, special tokens in the text parsed.
     let prompt_ids = served
         .handle
@@ -438,6 +471,7 @@ async fn finish(
         },
         s.next_id.fetch_add(1, Ordering::SeqCst)
     );
+    let logprobs = p.checked.logprobs.is_some();
     let rx = submit(s, p).await?;
     let meta = Meta {
         id,
@@ -447,9 +481,9 @@ async fn finish(
     };
     if g.stream {
         let include_usage = g.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(stream_response(meta, rx, include_usage))
+        Ok(stream_response(meta, rx, include_usage, logprobs))
     } else {
-        collect_response(meta, rx).await
+        collect_response(meta, rx, logprobs).await
     }
 }
 
@@ -471,28 +505,39 @@ impl Meta {
         }
     }
 
-    /// One choice carrying `text` (a delta when streaming).
-    fn choice(&self, text: Option<&str>, finish: Option<FinishReason>, chunk: bool) -> Value {
+    /// One choice carrying `text` (a delta when streaming) and, when asked for, the
+    /// log-probabilities of its tokens (`logprobs` `Some`; `text_offset` of the first).
+    fn choice(
+        &self,
+        text: Option<&str>,
+        finish: Option<FinishReason>,
+        chunk: bool,
+        logprobs: Option<(&[Logprobs], usize)>,
+    ) -> Value {
         let reason = finish.map(FinishReason::as_str);
+        let lp = logprobs.map_or(Value::Null, |(lps, offset)| match self.kind {
+            Kind::Chat => chat_logprobs(lps),
+            Kind::Completion => completion_logprobs(lps, offset),
+        });
         match self.kind {
             Kind::Chat if chunk => {
                 let delta = match text {
                     Some(t) => json!({ "content": t }),
                     None => json!({}),
                 };
-                json!({ "index": 0, "delta": delta, "finish_reason": reason, "logprobs": null })
+                json!({ "index": 0, "delta": delta, "finish_reason": reason, "logprobs": lp })
             }
             Kind::Chat => json!({
                 "index": 0,
                 "message": { "role": "assistant", "content": text.unwrap_or("") },
                 "finish_reason": reason,
-                "logprobs": null,
+                "logprobs": lp,
             }),
             Kind::Completion => json!({
                 "index": 0,
                 "text": text.unwrap_or(""),
                 "finish_reason": reason,
-                "logprobs": null,
+                "logprobs": lp,
             }),
         }
     }
@@ -512,6 +557,52 @@ impl Meta {
     }
 }
 
+/// A chat choice's `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+fn chat_logprobs(lps: &[Logprobs]) -> Value {
+    let one = |t: &engine::TokenLogprob| json!({ "token": t.token, "logprob": t.logprob, "bytes": t.bytes });
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            let mut v = one(&l.chosen);
+            v["top_logprobs"] = Value::Array(l.top.iter().map(one).collect());
+            v
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// A completion choice's `logprobs` (the legacy shape): `tokens`, `token_logprobs`,
+/// `top_logprobs` (one `{token: logprob}` object per token) and `text_offset` (characters from
+/// the start of the generated text, the first at `offset`).
+fn completion_logprobs(lps: &[Logprobs], offset: usize) -> Value {
+    let mut at = offset;
+    let mut offsets = Vec::with_capacity(lps.len());
+    for l in lps {
+        offsets.push(at);
+        at += l.chosen.token.chars().count();
+    }
+    json!({
+        "tokens": lps.iter().map(|l| l.chosen.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|l| l.chosen.logprob).collect::<Vec<_>>(),
+        "top_logprobs": lps
+            .iter()
+            .map(|l| {
+                let mut m = serde_json::Map::new();
+                for t in &l.top {
+                    m.entry(t.token.clone()).or_insert(json!(t.logprob));
+                }
+                Value::Object(m)
+            })
+            .collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+/// Characters the tokens of `lps` cover (the next `text_offset`).
+fn logprob_chars(lps: &[Logprobs]) -> usize {
+    lps.iter().map(|l| l.chosen.token.chars().count()).sum()
+}
+
 fn usage(prompt: usize, completion: usize) -> Value {
     json!({
         "prompt_tokens": prompt,
@@ -523,18 +614,24 @@ fn usage(prompt: usize, completion: usize) -> Value {
 async fn collect_response(
     meta: Meta,
     mut rx: UnboundedReceiver<Event>,
+    logprobs: bool,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut lps: Vec<Logprobs> = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text(t, l) => {
+                text.push_str(&t);
+                lps.extend(l);
+            }
             Event::Done {
                 finish_reason,
                 prompt_tokens,
                 completion_tokens,
             } => {
+                let lp = logprobs.then_some((&lps[..], 0));
                 let body = meta.body(
-                    vec![meta.choice(Some(&text), Some(finish_reason), false)],
+                    vec![meta.choice(Some(&text), Some(finish_reason), false, lp)],
                     Some(usage(prompt_tokens, completion_tokens)),
                     false,
                 );
@@ -557,7 +654,12 @@ async fn collect_response(
 /// The server-sent event stream: a first chunk with the role (chat), content chunks, a last
 /// chunk with `finish_reason`, an optional usage chunk, then `data: [DONE]`. Dropping the
 /// stream (client gone) drops the receiver, which the worker sees before its next step.
-fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>, include_usage: bool) -> Response {
+fn stream_response(
+    meta: Meta,
+    rx: UnboundedReceiver<Event>,
+    include_usage: bool,
+    logprobs: bool,
+) -> Response {
     enum St {
         Start,
         Running,
@@ -567,25 +669,30 @@ fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>, include_usage: bool
     }
     let data =
         |v: Value| Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string()));
+    // The state carries the characters streamed so far (the next `text_offset`).
     let stream = futures_lite::stream::unfold(
-        (rx, St::Start, meta),
-        move |(mut rx, st, meta)| async move {
+        (rx, St::Start, meta, 0usize),
+        move |(mut rx, st, meta, chars)| async move {
             match st {
                 St::Start => {
                     let first = match meta.kind {
                         Kind::Chat => {
                             json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "finish_reason": null, "logprobs": null })
                         }
-                        Kind::Completion => meta.choice(Some(""), None, true),
+                        Kind::Completion => meta.choice(Some(""), None, true, None),
                     };
                     let ev = data(meta.body(vec![first], None, true));
-                    Some((ev, (rx, St::Running, meta)))
+                    Some((ev, (rx, St::Running, meta, chars)))
                 }
                 St::Running => match rx.recv().await {
-                    Some(Event::Text(t)) => {
-                        let ev =
-                            data(meta.body(vec![meta.choice(Some(&t), None, true)], None, true));
-                        Some((ev, (rx, St::Running, meta)))
+                    Some(Event::Text(t, lps)) => {
+                        let lp = logprobs.then_some((&lps[..], chars));
+                        let ev = data(meta.body(
+                            vec![meta.choice(Some(&t), None, true, lp)],
+                            None,
+                            true,
+                        ));
+                        Some((ev, (rx, St::Running, meta, chars + logprob_chars(&lps))))
                     }
                     Some(Event::Done {
                         finish_reason,
@@ -593,7 +700,7 @@ fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>, include_usage: bool
                         completion_tokens,
                     }) => {
                         let ev = data(meta.body(
-                            vec![meta.choice(None, Some(finish_reason), true)],
+                            vec![meta.choice(None, Some(finish_reason), true, None)],
                             None,
                             true,
                         ));
@@ -602,21 +709,24 @@ fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>, include_usage: bool
                         } else {
                             St::Done
                         };
-                        Some((ev, (rx, next, meta)))
+                        Some((ev, (rx, next, meta, chars)))
                     }
                     Some(Event::Error(e)) => {
                         let ev = data(
                             json!({ "error": { "message": format!("generation failed: {e}"), "type": "server_error", "param": null, "code": null } }),
                         );
-                        Some((ev, (rx, St::Done, meta)))
+                        Some((ev, (rx, St::Done, meta, chars)))
                     }
                     None => None,
                 },
                 St::Usage(u) => {
                     let ev = data(meta.body(Vec::new(), Some(u), true));
-                    Some((ev, (rx, St::Done, meta)))
+                    Some((ev, (rx, St::Done, meta, chars)))
                 }
-                St::Done => Some((Ok(SseEvent::default().data("[DONE]")), (rx, St::End, meta))),
+                St::Done => Some((
+                    Ok(SseEvent::default().data("[DONE]")),
+                    (rx, St::End, meta, chars),
+                )),
                 St::End => None,
             }
         },
