@@ -26,8 +26,20 @@ use cubecl::prelude::*;
 /// Keys one cube of [`attention`] scores: the length of its shared scores array. Keys past it
 /// go to further cubes, merged by [`attention_combine`].
 pub const ATTENTION_SPLIT: u32 = 256;
-/// Units in one cube of [`attention`].
+/// Units in one cube of [`attention`] (a power of two: the softmax reductions are trees).
 pub const ATTENTION_UNITS: u32 = 64;
+/// Most query heads one cube of [`attention`] takes (heads sharing a KV head).
+pub const ATTENTION_MAX_HEADS: usize = 8;
+
+/// Query heads one cube of [`attention`] takes for `rep` query heads per KV head: the largest
+/// power of two up to [`ATTENTION_MAX_HEADS`] that divides `rep`.
+pub fn attention_heads(rep: usize) -> usize {
+    let mut heads = ATTENTION_MAX_HEADS;
+    while heads > 1 && !rep.is_multiple_of(heads) {
+        heads /= 2;
+    }
+    heads
+}
 
 /// One unit per head row of one token: `n * (n_head + 2 * n_head_kv)` units. Row `j` of token
 /// `t` is query head `j` (`j < n_head`), key head `j - n_head`, or value head
@@ -142,16 +154,18 @@ pub fn qk_rope_cache(
     }
 }
 
-/// One cube of [`ATTENTION_UNITS`] units (a power of two) per (query row `t`, head `h`, split
-/// `s`), cubes
-/// numbered `((t - t0) * n_head + h) * splits + s` (a launch covers query rows `t0..n`). Query
-/// `t` reads slot `c = rows[2t]` of the caches (`[slots * n_head_kv, capacity, head_dim]`),
-/// sits at position `p = rows[2t + 1]` and sees keys `j <= p` with `p - j < window`
-/// (`window == 0`: no window) from `lo = p + 1 - window` (0 without a window or before it
-/// fills); query head `h` reads KV head `h / rep` of its slot. A row whose slot or position is
-/// out of range does nothing. The cube scores keys `lo + s * split ..` (at most `split`) into
-/// shared memory with `scale * dot(q, k)`, takes their softmax (maximum and sum as trees over
-/// the units) and the weighted sum of the values.
+/// One cube of [`ATTENTION_UNITS`] units (a power of two) per (query row `t`, block of `heads`
+/// query heads that share one KV head, split `s` of the key axis), cubes numbered
+/// `((t - t0) * (n_head / heads) + b) * splits + s` (a launch covers query rows `t0..n`), as
+/// llama.cpp's flash-attention decode groups a KV head's query heads: each key and value is
+/// read once for the block. Query `t` reads slot `c = rows[2t]` of the caches
+/// (`[slots * n_head_kv, capacity, head_dim]`), sits at position `p = rows[2t + 1]` and sees
+/// keys `j <= p` with `p - j < window` (`window == 0`: no window) from `lo = p + 1 - window` (0
+/// without a window or before it fills); query head `h` reads KV head `h / rep` of its slot. A
+/// row whose slot or position is out of range does nothing. The cube scores keys
+/// `lo + s * split ..` (at most `split`) for each of its heads into shared memory with
+/// `scale * dot(q, k)`, takes each head's softmax (maximum and sum as trees over the units) and
+/// the weighted sums of the values.
 ///
 /// With `direct` (one split covers every key) it writes `out` `[n, n_head, head_dim]`;
 /// otherwise the unnormalised sums to `part_acc` `[n - t0, n_head, splits, head_dim]` and the
@@ -178,16 +192,19 @@ pub fn attention(
     t0: u32,
     scale: f32,
     #[comptime] split: u32,
+    #[comptime] heads: u32,
     #[comptime] direct: bool,
 ) {
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
     let unit = UNIT_POS_X;
     let units = CUBE_DIM_X;
     let s = cube % splits;
-    // Row-head pair within this launch (partials are indexed by it), and overall.
-    let th = cube / splits;
-    let h = th % n_head;
-    let t = t0 + th / n_head;
+    let blocks = n_head / heads;
+    // Row-block pair within this launch, and overall.
+    let tb = cube / splits;
+    let h0 = (tb % blocks) * heads;
+    let t_local = tb / blocks;
+    let t = t0 + t_local;
     // Whole cubes past the last query (cube counts are rounded up), and rows whose slot or
     // position is out of range, do nothing; the condition is the same for every unit of a
     // cube, so the barriers below stay uniform.
@@ -203,84 +220,104 @@ pub fn attention(
     // Visible keys of this split: [k_start, k_end).
     let k_start = k0;
     let k_end = min(k0 + split, p + 1);
-    let g = slot * (n_head / rep) + h / rep;
-    let q_base = (t * n_head + h) * head_dim;
-    let mut scores = Shared::<[f32]>::new_slice(comptime!(split as usize));
+    let g = slot * (n_head / rep) + h0 / rep;
+    let mut scores = Shared::<[f32]>::new_slice(comptime!((split * heads) as usize));
+    // Per head, each unit's running maximum and sum (then trees over the units).
+    let mut mx = Shared::<[f32]>::new_slice(comptime!((ATTENTION_UNITS * heads) as usize));
+    let mut sm = Shared::<[f32]>::new_slice(comptime!((ATTENTION_UNITS * heads) as usize));
+    #[unroll]
+    for r in 0..heads {
+        // The running maximum before any score: -f32::MAX, finite (WGSL has no infinity
+        // literals).
+        mx[(r * units + unit) as usize] = f32::min_value();
+        sm[(r * units + unit) as usize] = 0.0f32;
+    }
 
-    // Scores, one key per unit at a time, and each unit's largest.
-    // The running maximum before any score: -f32::MAX, finite (WGSL has no infinity literals).
-    let mut m_unit = f32::min_value();
+    // Scores, one key per unit at a time, for every head of the block.
     let mut j = k_start + unit;
     while live && j < k_end {
         let k_base = (g * capacity + j) * head_dim;
-        let mut dot = 0.0f32;
-        for d in 0..head_dim {
-            dot += q[(q_base + d) as usize] * k_cache[(k_base + d) as usize];
+        #[unroll]
+        for r in 0..heads {
+            let q_base = (t * n_head + h0 + r) * head_dim;
+            let mut dot = 0.0f32;
+            for d in 0..head_dim {
+                dot += q[(q_base + d) as usize] * k_cache[(k_base + d) as usize];
+            }
+            let sc = dot * scale;
+            scores[(r * split + j - k0) as usize] = sc;
+            let at = (r * units + unit) as usize;
+            mx[at] = select(sc > mx[at], sc, mx[at]);
         }
-        let sc = dot * scale;
-        scores[(j - k0) as usize] = sc;
-        m_unit = select(sc > m_unit, sc, m_unit);
         j += units;
     }
-    // The split's maximum: a tree over the units in shared memory.
-    let mut red = Shared::<[f32]>::new_slice(comptime!(ATTENTION_UNITS as usize));
-    red[unit as usize] = m_unit;
     sync_cube();
+    // Each head's maximum: a tree over the units.
     let mut stride = units / 2;
     while stride > 0 {
         if unit < stride {
-            let a = red[unit as usize];
-            let b = red[(unit + stride) as usize];
-            red[unit as usize] = select(b > a, b, a);
+            #[unroll]
+            for r in 0..heads {
+                let a = mx[(r * units + unit) as usize];
+                let b = mx[(r * units + unit + stride) as usize];
+                mx[(r * units + unit) as usize] = select(b > a, b, a);
+            }
         }
         sync_cube();
         stride /= 2;
     }
-    let m = red[0];
-    sync_cube();
-    // Exponentials in place, each unit summing its own, then their sum by the same tree.
-    let mut l_unit = 0.0f32;
+    // Exponentials in place, each unit summing its own, then their sums by the same tree.
     let mut j = k_start + unit;
     while live && j < k_end {
-        let at = (j - k0) as usize;
-        let e = f32::exp(scores[at] - m);
-        scores[at] = e;
-        l_unit += e;
+        #[unroll]
+        for r in 0..heads {
+            let at = (r * split + j - k0) as usize;
+            let e = f32::exp(scores[at] - mx[(r * units) as usize]);
+            scores[at] = e;
+            sm[(r * units + unit) as usize] += e;
+        }
         j += units;
     }
-    red[unit as usize] = l_unit;
     sync_cube();
     let mut stride = units / 2;
     while stride > 0 {
         if unit < stride {
-            red[unit as usize] += red[(unit + stride) as usize];
+            #[unroll]
+            for r in 0..heads {
+                let b = sm[(r * units + unit + stride) as usize];
+                sm[(r * units + unit) as usize] += b;
+            }
         }
         sync_cube();
         stride /= 2;
     }
-    let l = red[0];
-    // The weighted sum of the values, one output dimension per unit at a time.
-    let mut d = unit;
-    while live && d < head_dim {
+    // The weighted sums of the values, one (head, output dimension) per unit at a time.
+    let mut idx = unit;
+    while live && idx < heads * head_dim {
+        let r = idx / head_dim;
+        let d = idx % head_dim;
         let mut acc = 0.0f32;
         let mut i = k_start;
         while i < k_end {
-            acc +=
-                scores[(i - k0) as usize] * v_cache[((g * capacity + i) * head_dim + d) as usize];
+            acc += scores[(r * split + i - k0) as usize]
+                * v_cache[((g * capacity + i) * head_dim + d) as usize];
             i += 1;
         }
+        let h = h0 + r;
         if comptime!(direct) {
-            out[(q_base + d) as usize] = acc / l;
+            out[((t * n_head + h) * head_dim + d) as usize] = acc / sm[(r * units) as usize];
         } else {
+            let th = t_local * n_head + h;
             part_acc[((th * splits + s) * head_dim + d) as usize] = acc;
         }
-        d += units;
+        idx += units;
     }
     if comptime!(!direct) {
-        if live && unit == 0 {
+        if live && unit < heads {
+            let th = t_local * n_head + h0 + unit;
             let at = ((th * splits + s) * 2) as usize;
-            part_ml[at] = m;
-            part_ml[at + 1] = l;
+            part_ml[at] = mx[(unit * units) as usize];
+            part_ml[at + 1] = sm[(unit * units) as usize];
         }
     }
 }
@@ -594,6 +631,9 @@ pub fn launch_attention(
         return Ok(());
     }
     let splits = s.keys.div_ceil(ATTENTION_SPLIT as usize);
+    // Query heads per cube: those sharing a KV head, at most ATTENTION_MAX_HEADS (a power of
+    // two dividing the group).
+    let heads = attention_heads(s.n_head / s.n_head_kv);
     let rep = (s.n_head / s.n_head_kv) as u32;
     let window = s.window.map_or(0, |w| w.min(u32::MAX as usize) as u32);
     let dim = CubeDim::new_1d(ATTENTION_UNITS);
@@ -611,7 +651,7 @@ pub fn launch_attention(
         )
     };
     if splits == 1 {
-        let cubes = u32::try_from(s.n * s.n_head)
+        let cubes = u32::try_from(s.n * (s.n_head / heads))
             .map_err(|_| crate::shape_err(OP, format!("{s:?}: too many query heads")))?;
         let (n, nh, rep, hd, cap, slots, window, splits, t0) = args(0);
         // SAFETY: one-value placeholders for the partials, which a direct launch never touches.
@@ -644,6 +684,7 @@ pub fn launch_attention(
                 t0,
                 scale,
                 ATTENTION_SPLIT,
+                heads as u32,
                 true,
             )
         };
@@ -669,7 +710,7 @@ pub fn launch_attention(
     };
     for t0 in (0..s.n).step_by(per_launch) {
         let chunk = per_launch.min(s.n - t0);
-        let cubes = u32::try_from(chunk * s.n_head * splits)
+        let cubes = u32::try_from(chunk * (s.n_head / heads) * splits)
             .map_err(|_| crate::shape_err(OP, format!("{s:?}: too many splits")))?;
         let (n, nh, rep, hd_u, cap, slots, window, splits_u, t0_u) = args(t0);
         let n = n.min((t0 + chunk) as u32);
@@ -698,6 +739,7 @@ pub fn launch_attention(
                 t0_u,
                 scale,
                 ATTENTION_SPLIT,
+                heads as u32,
                 false,
             );
             attention_combine::launch_unchecked(
