@@ -31,6 +31,24 @@ pub const ATTENTION_UNITS: u32 = 64;
 /// Most query heads one cube of [`attention`] takes (heads sharing a KV head).
 pub const ATTENTION_MAX_HEADS: usize = 8;
 
+/// Lanes per key in [`attention`]'s scores: the device's plane width where it is fixed, a
+/// power of two from 2 to [`ATTENTION_UNITS`], and the device runs plane ops (lavapipe does,
+/// though CubeCL does not list them for CPU devices, as for the GEMV's plane variants); else 1
+/// (a key per unit).
+pub fn attention_lanes(client: &Client) -> u32 {
+    let hw = &client.properties().hardware;
+    let width = hw.plane_size_max;
+    let fixed = hw.plane_size_min == width
+        && width.is_power_of_two()
+        && (2..=ATTENTION_UNITS).contains(&width);
+    let ops = crate::is_software_device(client)
+        || client
+            .features()
+            .plane
+            .contains(cubecl::features::Plane::Ops);
+    if fixed && ops { width } else { 1 }
+}
+
 /// Query heads one cube of [`attention`] takes for `rep` query heads per KV head: the largest
 /// power of two up to [`ATTENTION_MAX_HEADS`] that divides `rep`.
 pub fn attention_heads(rep: usize) -> usize {
@@ -193,6 +211,7 @@ pub fn attention(
     scale: f32,
     #[comptime] split: u32,
     #[comptime] heads: u32,
+    #[comptime] lanes: u32,
     #[comptime] direct: bool,
 ) {
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
@@ -233,19 +252,55 @@ pub fn attention(
         sm[(r * units + unit) as usize] = 0.0f32;
     }
 
-    // Scores, one key per unit at a time, for every head of the block.
+    // Scores for every head of the block. With `lanes > 1`, a plane of `lanes` units per key
+    // (each lane a slice of the head dimension, added by a plane sum: the key's row is read
+    // once, by consecutive lanes); otherwise one key per unit.
+    if comptime!(lanes > 1) {
+        let lane = unit % lanes;
+        let planes = units / lanes;
+        // The same key for every lane of a plane, so the plane sums stay uniform.
+        let mut j = k_start + unit / lanes;
+        while live && j < k_end {
+            let k_base = (g * capacity + j) * head_dim;
+            #[unroll]
+            for r in 0..heads {
+                let q_base = (t * n_head + h0 + r) * head_dim;
+                let mut part = 0.0f32;
+                let mut d = lane;
+                while d < head_dim {
+                    part += q[(q_base + d) as usize] * k_cache[(k_base + d) as usize];
+                    d += lanes;
+                }
+                let dot = plane_sum(part);
+                if lane == 0 {
+                    scores[(r * split + j - k0) as usize] = dot * scale;
+                }
+            }
+            j += planes;
+        }
+    } else {
+        let mut j = k_start + unit;
+        while live && j < k_end {
+            let k_base = (g * capacity + j) * head_dim;
+            #[unroll]
+            for r in 0..heads {
+                let q_base = (t * n_head + h0 + r) * head_dim;
+                let mut dot = 0.0f32;
+                for d in 0..head_dim {
+                    dot += q[(q_base + d) as usize] * k_cache[(k_base + d) as usize];
+                }
+                scores[(r * split + j - k0) as usize] = dot * scale;
+            }
+            j += units;
+        }
+    }
+    sync_cube();
+    // Each unit's largest score of its keys, per head.
     let mut j = k_start + unit;
     while live && j < k_end {
-        let k_base = (g * capacity + j) * head_dim;
         #[unroll]
         for r in 0..heads {
-            let q_base = (t * n_head + h0 + r) * head_dim;
-            let mut dot = 0.0f32;
-            for d in 0..head_dim {
-                dot += q[(q_base + d) as usize] * k_cache[(k_base + d) as usize];
-            }
-            let sc = dot * scale;
-            scores[(r * split + j - k0) as usize] = sc;
+            let sc = scores[(r * split + j - k0) as usize];
             let at = (r * units + unit) as usize;
             mx[at] = select(sc > mx[at], sc, mx[at]);
         }
@@ -586,7 +641,34 @@ pub fn launch_attention(
     s: AttentionShape,
     scale: f32,
 ) -> Result<(), KernelError> {
+    let lanes = attention_lanes(client);
+    launch_attention_lanes(client, q, k_cache, v_cache, rows, out, s, scale, lanes)
+}
+
+/// [`launch_attention`] with `lanes` per key in the scores (1: a key per unit; more: a plane
+/// of that width per key, which the device must run).
+///
+/// # Errors
+/// As [`launch_attention`]; `lanes` not a power of two up to [`ATTENTION_UNITS`].
+#[allow(clippy::too_many_arguments)]
+pub fn launch_attention_lanes(
+    client: &Client,
+    q: BufferArg,
+    k_cache: BufferArg,
+    v_cache: BufferArg,
+    rows: BufferArg,
+    out: BufferArg,
+    s: AttentionShape,
+    scale: f32,
+    lanes: u32,
+) -> Result<(), KernelError> {
     const OP: &str = "attention";
+    if !lanes.is_power_of_two() || lanes > ATTENTION_UNITS {
+        return Err(crate::shape_err(
+            OP,
+            format!("{lanes} lanes per key: not a power of two up to {ATTENTION_UNITS}"),
+        ));
+    }
     let hd = s.head_dim;
     let q_len = s.n.checked_mul(s.n_head).and_then(|v| v.checked_mul(hd));
     let cache_len = s
@@ -685,6 +767,7 @@ pub fn launch_attention(
                 scale,
                 ATTENTION_SPLIT,
                 heads as u32,
+                lanes,
                 true,
             )
         };
@@ -740,6 +823,7 @@ pub fn launch_attention(
                 scale,
                 ATTENTION_SPLIT,
                 heads as u32,
+                lanes,
                 false,
             );
             attention_combine::launch_unchecked(

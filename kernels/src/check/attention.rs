@@ -5,7 +5,7 @@
 //! sequence's rows (a prompt or a decode step) or a batch: one decode row in each of several
 //! sequences' cache slots, at different positions.
 use super::{rand_f32, read_f32};
-use crate::{AttentionShape, KernelError, QkRopeShape, launch_attention, launch_qk_rope_cache};
+use crate::{AttentionShape, KernelError, QkRopeShape, launch_qk_rope_cache};
 use cubecl::client::Client;
 use cubecl::prelude::*;
 
@@ -24,6 +24,9 @@ pub struct AttentionCase {
     pub past: usize,
     /// One decode row per sequence instead of one sequence's rows.
     pub batch: bool,
+    /// Scores with a key per unit ([`crate::attention::launch_attention_lanes`] with 1 lane)
+    /// instead of the device's choice (a plane per key where it runs plane ops).
+    pub key_per_unit: bool,
     /// Query heads.
     pub n_head: usize,
     /// KV heads.
@@ -42,8 +45,13 @@ impl AttentionCase {
     /// A short label for tables.
     pub fn label(&self) -> String {
         format!(
-            "{}n={} past={} heads={}/{} d={} window={} {}{}",
+            "{}{}n={} past={} heads={}/{} d={} window={} {}{}",
             if self.batch { "batch " } else { "" },
+            if self.key_per_unit {
+                "key-per-unit "
+            } else {
+                ""
+            },
             self.n,
             self.past,
             self.n_head,
@@ -66,6 +74,7 @@ pub fn attention_cases() -> Vec<AttentionCase> {
         n,
         past,
         batch: false,
+        key_per_unit: false,
         n_head,
         n_head_kv,
         head_dim,
@@ -101,6 +110,19 @@ pub fn attention_cases() -> Vec<AttentionCase> {
             batch: true,
             ..case(1, 9, 4, 4, 8, None, false, true)
         },
+        AttentionCase {
+            key_per_unit: true,
+            ..case(8, 292, 8, 1, 64, None, true, true)
+        },
+        AttentionCase {
+            key_per_unit: true,
+            ..case(1, 299, 4, 2, 32, Some(100), true, true)
+        },
+        AttentionCase {
+            key_per_unit: true,
+            batch: true,
+            ..case(5, 40, 4, 2, 16, Some(16), false, false)
+        },
     ]
 }
 
@@ -135,6 +157,7 @@ pub fn attention_error(
         n,
         past: _,
         batch: _,
+        key_per_unit,
         n_head: nh,
         n_head_kv: nkv,
         head_dim: hd,
@@ -225,7 +248,12 @@ pub fn attention_error(
         window,
         keys,
     };
-    launch_attention(
+    let lanes = if key_per_unit {
+        1
+    } else {
+        crate::attention::attention_lanes(client)
+    };
+    crate::attention::launch_attention_lanes(
         client,
         arg(&q_h, n * nh * hd),
         arg(&k_h, k_init.len()),
@@ -234,6 +262,7 @@ pub fn attention_error(
         arg(&out_h, n * nh * hd),
         shape,
         scale,
+        lanes,
     )?;
     let q_out = read_f32(client, q_h)?;
     let k_cache = read_f32(client, k_h)?;
