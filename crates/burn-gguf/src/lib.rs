@@ -6,14 +6,16 @@
 //! `Fusion<CubeBackend>`. Packed modules ([`GgmlLinear`], [`GgmlEmbedding`], [`GgmlExperts`]) wrap
 //! the type, and
 //! [`GgufLoader`] builds them from a file, falling back to dequantization, explicitly and
-//! reported, when no kernel fits. [`write::add_quantized`] goes the other way: a Burn tensor,
-//! quantized by the CPU codec, into a [`gguf::GgufWriter`].
+//! reported, when no kernel fits. [`GgufStore`] loads a GGUF file into any Burn module through
+//! `burn-store` (`model.load_from(&mut store)`), dequantized. [`write::add_quantized`] goes the
+//! other way: a Burn tensor, quantized by the CPU codec, into a [`gguf::GgufWriter`].
 pub mod attention;
 pub mod loader;
 pub mod moe;
 pub mod nn;
 pub mod ops;
 pub mod sampling;
+pub mod store;
 pub mod tensor;
 pub mod write;
 
@@ -27,6 +29,7 @@ pub use nn::{
     gated_stacked, rms_norm, rope,
 };
 pub use sampling::top_k;
+pub use store::{GgufStore, GgufStoreError};
 pub use tensor::GgmlTensor;
 
 use burn::backend::DispatchDevice;
