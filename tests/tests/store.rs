@@ -7,8 +7,37 @@ use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::store::{ModuleSnapshot, PyTorchToBurnAdapter};
 use burn::tensor::Device;
 use burn_gguf::GgufStore;
-use burn_gguf_tests::fixtures;
+use burn_gguf_tests::{fixtures, json_ids, max_abs_diff, read_f32s, read_json};
 use gguf::GgufFile;
+
+/// The `custom_model` example's Qwen3, written with Burn's modules and loaded with `GgufStore`.
+#[path = "../../crates/burn-gguf/examples/custom_model.rs"]
+mod custom_model;
+
+/// The example's model gives the float64 reference's logits on the tiny Qwen3 fixtures
+/// (teacher-forced, every row) within 1e-3, on the CPU backend and on wgpu.
+#[test]
+fn the_custom_model_example_matches_the_reference_logits() {
+    for device in [Device::flex(), burn_gguf::default_device()] {
+        for name in ["tiny-qwen3-Q8_0", "tiny-qwen3-Q4_K_M", "tiny-qwen3-IQ4_XS"] {
+            let entry = &read_json("logits/reference_logits_qwen3.json")[name];
+            let tokens = json_ids(&entry["teacher_forced_sequence"]);
+            let want = read_f32s(&format!("logits/{name}.numpy.logits.f32"));
+            let path = fixtures().join(format!("gguf/{name}.gguf"));
+            let (c, model) = custom_model::load(path.to_str().unwrap(), &device).unwrap();
+            let got = model
+                .forward(&c, &tokens)
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap();
+            let worst = max_abs_diff(&got, &want);
+            assert!(
+                worst <= 1e-3,
+                "{name} on {device:?}: max |logit - reference| = {worst}"
+            );
+        }
+    }
+}
 
 /// The first layer's attention inputs of the tiny Qwen3 fixture, and one field the file lacks.
 #[derive(Module, Debug)]
