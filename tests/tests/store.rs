@@ -15,7 +15,8 @@ use gguf::GgufFile;
 mod custom_model;
 
 /// The example's model gives the float64 reference's logits on the tiny Qwen3 fixtures
-/// (teacher-forced, every row) within 1e-3, on the CPU backend and on wgpu.
+/// (teacher-forced, every row) within 1e-3, with `nn::Linear` (dequantized) and with packed
+/// `GgmlLinear` projections, on the CPU backend and on wgpu.
 #[test]
 fn the_custom_model_example_matches_the_reference_logits() {
     for device in [Device::flex(), burn_gguf::default_device()] {
@@ -24,17 +25,20 @@ fn the_custom_model_example_matches_the_reference_logits() {
             let tokens = json_ids(&entry["teacher_forced_sequence"]);
             let want = read_f32s(&format!("logits/{name}.numpy.logits.f32"));
             let path = fixtures().join(format!("gguf/{name}.gguf"));
-            let (c, model) = custom_model::load(path.to_str().unwrap(), &device).unwrap();
-            let got = model
-                .forward(&c, &tokens)
-                .into_data()
-                .try_to_vec::<f32>()
-                .unwrap();
-            let worst = max_abs_diff(&got, &want);
-            assert!(
-                worst <= 1e-3,
-                "{name} on {device:?}: max |logit - reference| = {worst}"
-            );
+            let path = path.to_str().unwrap();
+            let (c, plain) = custom_model::load(path, &device).unwrap();
+            let (_, packed) = custom_model::load_packed(path, &device).unwrap();
+            for (kind, logits) in [
+                ("nn::Linear", plain.forward(&c, &tokens)),
+                ("GgmlLinear", packed.forward(&c, &tokens)),
+            ] {
+                let got = logits.into_data().try_to_vec::<f32>().unwrap();
+                let worst = max_abs_diff(&got, &want);
+                assert!(
+                    worst <= 1e-3,
+                    "{name} {kind} on {device:?}: max |logit - reference| = {worst}"
+                );
+            }
         }
     }
 }

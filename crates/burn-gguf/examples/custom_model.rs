@@ -1,5 +1,7 @@
 //! A Qwen3 written with Burn's own modules, its weights loaded from a GGUF file with
-//! `GgufStore` (dequantized), and its logits compared with the fixture's float64 reference.
+//! `GgufStore`: once with `nn::Linear` projections (dequantized), once with packed
+//! `GgmlLinear` ones (loaded by name with `GgufLoader`). `tests/tests/store.rs` checks both
+//! against the fixture's float64 reference logits.
 //!
 //!     cargo run -p burn-gguf --example custom_model -- ../shared/fixtures/gguf/tiny-qwen3-Q8_0.gguf
 use burn::module::Module;
@@ -7,7 +9,7 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::store::{ModuleSnapshot, PyTorchToBurnAdapter};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_gguf::GgufStore;
+use burn_gguf::{GgmlLinear, GgufConfig, GgufLoader, GgufStore};
 
 /// Hyper-parameters read from the file (`qwen3.*` keys).
 pub struct Config {
@@ -22,59 +24,84 @@ pub struct Config {
     pub rope_base: f64,
 }
 
+/// A projection `x W^T`: Burn's `nn::Linear` (weights dequantized by `GgufStore`) or
+/// burn-gguf's `GgmlLinear` (blocks kept packed, decoded by the fused GEMV on a GPU).
+pub trait Proj: Module + burn::module::ModuleDisplay {
+    /// `x` `[n, in]` -> `[n, out]`.
+    fn project(&self, x: Tensor<2>) -> Tensor<2>;
+}
+impl Proj for Linear {
+    fn project(&self, x: Tensor<2>) -> Tensor<2> {
+        self.forward(x)
+    }
+}
+impl Proj for GgmlLinear {
+    fn project(&self, x: Tensor<2>) -> Tensor<2> {
+        self.forward(x)
+    }
+}
+
 #[derive(Module, Debug)]
-pub struct Layer {
+pub struct Layer<L: Module> {
     attn_norm: RmsNorm,
-    attn_q: Linear,
-    attn_k: Linear,
-    attn_v: Linear,
-    attn_output: Linear,
+    attn_q: L,
+    attn_k: L,
+    attn_v: L,
+    attn_output: L,
     attn_q_norm: RmsNorm,
     attn_k_norm: RmsNorm,
     ffn_norm: RmsNorm,
-    ffn_gate: Linear,
-    ffn_up: Linear,
-    ffn_down: Linear,
+    ffn_gate: L,
+    ffn_up: L,
+    ffn_down: L,
 }
 
 #[derive(Module, Debug)]
-pub struct Qwen3 {
+pub struct Qwen3<L: Module> {
     token_embd: Embedding,
-    layers: Vec<Layer>,
+    layers: Vec<Layer<L>>,
     output_norm: RmsNorm,
-    output: Linear,
+    output: L,
 }
 
-impl Qwen3 {
-    /// An untrained model of `c`'s shapes; `load_from` fills it.
-    pub fn new(c: &Config, device: &Device) -> Self {
-        let lin = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
+impl<L: Proj> Qwen3<L> {
+    /// A model of `c`'s shapes, its projections from `proj(GGUF name, in, out)` and every other
+    /// parameter untrained (`load_from` fills them).
+    pub fn new<E>(
+        c: &Config,
+        device: &Device,
+        mut proj: impl FnMut(&str, usize, usize) -> Result<L, E>,
+    ) -> Result<Self, E> {
         let norm = |d| RmsNormConfig::new(d).with_epsilon(c.eps).init(device);
         let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        let layer = || Layer {
-            attn_norm: norm(c.dim),
-            attn_q: lin(c.dim, q),
-            attn_k: lin(c.dim, kv),
-            attn_v: lin(c.dim, kv),
-            attn_output: lin(q, c.dim),
-            attn_q_norm: norm(c.head_dim),
-            attn_k_norm: norm(c.head_dim),
-            ffn_norm: norm(c.dim),
-            ffn_gate: lin(c.dim, c.ffn),
-            ffn_up: lin(c.dim, c.ffn),
-            ffn_down: lin(c.ffn, c.dim),
-        };
-        Self {
-            token_embd: EmbeddingConfig::new(c.vocab, c.dim).init(device),
-            layers: (0..c.layers).map(|_| layer()).collect(),
-            output_norm: norm(c.dim),
-            output: lin(c.dim, c.vocab),
+        let mut layers = Vec::new();
+        for il in 0..c.layers {
+            let mut p = |name: &str, i, o| proj(&format!("blk.{il}.{name}.weight"), i, o);
+            layers.push(Layer {
+                attn_norm: norm(c.dim),
+                attn_q: p("attn_q", c.dim, q)?,
+                attn_k: p("attn_k", c.dim, kv)?,
+                attn_v: p("attn_v", c.dim, kv)?,
+                attn_output: p("attn_output", q, c.dim)?,
+                attn_q_norm: norm(c.head_dim),
+                attn_k_norm: norm(c.head_dim),
+                ffn_norm: norm(c.dim),
+                ffn_gate: p("ffn_gate", c.dim, c.ffn)?,
+                ffn_up: p("ffn_up", c.dim, c.ffn)?,
+                ffn_down: p("ffn_down", c.ffn, c.dim)?,
+            });
         }
+        Ok(Self {
+            token_embd: EmbeddingConfig::new(c.vocab, c.dim).init(device),
+            layers,
+            output_norm: norm(c.dim),
+            output: proj("output.weight", c.dim, c.vocab)?,
+        })
     }
 
     /// Logits `[n, vocab]` of the tokens `ids` (causal attention over them).
     pub fn forward(&self, c: &Config, ids: &[u32]) -> Tensor<2> {
-        let (n, hd, device) = (ids.len(), c.head_dim, self.output.weight.val().device());
+        let (n, hd, device) = (ids.len(), c.head_dim, self.token_embd.weight.val().device());
         let ids = Tensor::<2, Int>::from_data(
             TensorData::new(ids.iter().map(|&i| i as i64).collect(), [1, n]),
             &device,
@@ -114,17 +141,17 @@ impl Qwen3 {
             let h = l.attn_norm.forward(x.clone());
             let q = rope(
                 l.attn_q_norm
-                    .forward(l.attn_q.forward(h.clone()).reshape([n, c.heads, hd])),
+                    .forward(l.attn_q.project(h.clone()).reshape([n, c.heads, hd])),
             )
             .swap_dims(0, 1);
             let k = rope(
                 l.attn_k_norm
-                    .forward(l.attn_k.forward(h.clone()).reshape([n, c.kv_heads, hd])),
+                    .forward(l.attn_k.project(h.clone()).reshape([n, c.kv_heads, hd])),
             )
             .swap_dims(0, 1);
             let v = l
                 .attn_v
-                .forward(h)
+                .project(h)
                 .reshape([n, c.kv_heads, hd])
                 .swap_dims(0, 1);
             let rep = c.heads / c.kv_heads; // query head j reads KV head j / rep
@@ -138,18 +165,40 @@ impl Qwen3 {
             );
             x = x + l
                 .attn_output
-                .forward(att.matmul(v).swap_dims(0, 1).reshape([n, c.heads * hd]));
+                .project(att.matmul(v).swap_dims(0, 1).reshape([n, c.heads * hd]));
             let h = l.ffn_norm.forward(x.clone());
             x = x + l
                 .ffn_down
-                .forward(silu(l.ffn_gate.forward(h.clone())) * l.ffn_up.forward(h));
+                .project(silu(l.ffn_gate.project(h.clone())) * l.ffn_up.project(h));
         }
-        self.output.forward(self.output_norm.forward(x))
+        self.output.project(self.output_norm.forward(x))
     }
 }
 
-/// The file's `qwen3.*` hyper-parameters and a Burn model of them with its weights loaded.
-pub fn load(path: &str, device: &Device) -> Result<(Config, Qwen3), Box<dyn std::error::Error>> {
+type Loaded<L> = Result<(Config, Qwen3<L>), Box<dyn std::error::Error>>;
+
+/// The file's `qwen3.*` hyper-parameters and a model of them with Burn's `nn::Linear`
+/// projections, every weight loaded (dequantized) through `GgufStore`.
+pub fn load(path: &str, device: &Device) -> Loaded<Linear> {
+    load_with(path, device, |_, i, o| {
+        Ok(LinearConfig::new(i, o).with_bias(false).init(device))
+    })
+}
+
+/// The same model with packed `GgmlLinear` projections, loaded by name with `GgufLoader` (the
+/// blocks stay quantized on a GPU; the CPU backend dequantizes them); the embedding and norms
+/// through `GgufStore` as in [`load`].
+pub fn load_packed(path: &str, device: &Device) -> Loaded<GgmlLinear> {
+    let file = GgufStore::from_file(path).file()?.clone();
+    let loader = GgufLoader::new(&file, device, GgufConfig::default());
+    load_with(path, device, |name, _, _| Ok(loader.linear(name)?))
+}
+
+fn load_with<L: Proj>(
+    path: &str,
+    device: &Device,
+    proj: impl FnMut(&str, usize, usize) -> Result<L, Box<dyn std::error::Error>>,
+) -> Loaded<L> {
     let mut store = GgufStore::from_file(path)
         .with_key_remapping(r"^blk\.(\d+)\.", "layers.$1.")
         .with_from_adapter(PyTorchToBurnAdapter);
@@ -169,7 +218,8 @@ pub fn load(path: &str, device: &Device) -> Result<(Config, Qwen3), Box<dyn std:
         eps: f.get_f32("qwen3.attention.layer_norm_rms_epsilon")? as f64,
         rope_base: f.get_f32("qwen3.rope.freq_base")? as f64,
     };
-    let mut model = Qwen3::new(&c, device);
+    let mut model = Qwen3::new(&c, device, proj)?;
+    // Packed projections are not parameters: their tensors show as unused here.
     println!("{}", model.load_from(&mut store)?);
     Ok((c, model))
 }
@@ -179,12 +229,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args()
         .nth(1)
         .unwrap_or("../shared/fixtures/gguf/tiny-qwen3-Q8_0.gguf".into());
-    let (c, model) = load(&path, &Device::flex())?;
-    let logits = model.forward(&c, &[299, 296, 336, 0, 319, 298, 269, 220]);
-    println!(
-        "logits {:?}, last row argmax {}",
-        logits.dims(),
-        logits.narrow(0, 7, 1).argmax(1).into_scalar::<i64>()
-    );
+    let ids = [299, 296, 336, 0, 319, 298, 269, 220];
+    let device = burn_gguf::default_device();
+    let (c, plain) = load(&path, &device)?;
+    let (_, packed) = load_packed(&path, &device)?;
+    let (a, b) = (plain.forward(&c, &ids), packed.forward(&c, &ids));
+    let diff = (a.clone() - b).abs().max().into_scalar::<f32>();
+    let next = a.narrow(0, ids.len() - 1, 1).argmax(1).into_scalar::<i64>();
+    println!("next token {next}; nn::Linear and GgmlLinear logits differ by at most {diff}");
     Ok(())
 }
