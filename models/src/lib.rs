@@ -1,6 +1,7 @@
 //! Model architectures over burn-gguf: one decoder skeleton for Gemma 3, Llama, Qwen3 and
 //! Qwen3-MoE, the tokenizer
 //! from GGUF metadata, sampling and generation with a KV cache.
+#![warn(missing_docs)]
 pub mod chat;
 pub mod decoder;
 pub mod generate;

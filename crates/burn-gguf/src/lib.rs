@@ -9,6 +9,7 @@
 //! reported, when no kernel fits. [`GgufStore`] loads a GGUF file into any Burn module through
 //! `burn-store` (`model.load_from(&mut store)`), dequantized. [`write::add_quantized`] goes the
 //! other way: a Burn tensor, quantized by the CPU codec, into a [`gguf::GgufWriter`].
+#![warn(missing_docs)]
 pub mod attention;
 pub mod loader;
 pub mod moe;
@@ -44,10 +45,20 @@ pub enum Error {
     Gguf(#[from] gguf::GgufError),
     /// A tensor is missing or unusable.
     #[error("tensor '{name}': {reason}")]
-    Tensor { name: String, reason: String },
+    Tensor {
+        /// The GGUF tensor name.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// No kernel path for this type on this device.
     #[error("{ggml_type}: {reason}")]
-    Unsupported { ggml_type: GgmlType, reason: String },
+    Unsupported {
+        /// The ggml type.
+        ggml_type: GgmlType,
+        /// Why it has no path.
+        reason: String,
+    },
     /// Shapes that do not fit.
     #[error("{0}")]
     Shape(String),

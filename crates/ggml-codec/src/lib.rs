@@ -22,6 +22,7 @@
 //! assert!((y[0] - x[0]).abs() <= 32.0 / 127.0);
 //! ```
 
+#![warn(missing_docs)]
 pub mod blocks;
 pub mod grids;
 pub mod quantize;

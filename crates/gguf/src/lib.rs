@@ -14,6 +14,7 @@
 //! # Ok::<(), gguf::GgufError>(())
 //! ```
 
+#![warn(missing_docs)]
 pub mod byte_order;
 pub mod error;
 pub mod metadata;
