@@ -10,7 +10,7 @@
 //!   each: [`norm::rms_norm`] (RMSNorm with its weight), [`norm::add_rms_norm`] (residual add
 //!   and the next norm), [`rope::rope`] (rotary position embedding), [`glu::glu`]
 //!   (`act(gate) * up`), and attention over a KV cache on the device
-//!   ([`attention::qk_rope_cache`], [`attention::attention`]);
+//!   ([`kv_cache::qk_rope_cache`], [`attention::attention`]);
 //! - mixture of experts without host round-trips: [`moe::moe_route`] (softmax, top-k,
 //!   renormalisation) and [`moe::gemv_id`] (the expert GEMV taking its experts from a buffer of
 //!   ids, llama.cpp's `mul_mat_id`).
@@ -24,6 +24,7 @@ pub mod formats;
 pub mod gemv;
 mod gemv_config;
 pub mod glu;
+pub mod kv_cache;
 pub mod moe;
 pub mod norm;
 pub mod rope;
@@ -41,9 +42,10 @@ use formats::{
 use gguf::GgmlType;
 use wgsl_cache::launch_unchecked_cached;
 
-pub use attention::{AttentionShape, QkRopeShape, launch_attention, launch_qk_rope_cache};
+pub use attention::{AttentionShape, launch_attention};
 pub use gemv_config::GemvConfig;
 pub use glu::launch_glu;
+pub use kv_cache::{QkRopeShape, launch_qk_rope_cache};
 pub use moe::{GemvIdShape, launch_gemv_id, launch_moe_route};
 pub use norm::{launch_add_rms_norm, launch_rms_norm};
 pub use rope::launch_rope;

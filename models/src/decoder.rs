@@ -600,6 +600,7 @@ impl Decoder {
         }
         let mut rows = Vec::new();
         let mut lens = state.lens().to_vec();
+        let mut seen = vec![false; lens.len()];
         let mut last_rows = Vec::with_capacity(seqs.len());
         let mut ids = Vec::new();
         for &(slot, seq_ids) in seqs {
@@ -609,11 +610,12 @@ impl Decoder {
                     state.slots()
                 )));
             };
-            if seqs.iter().filter(|(s, _)| *s == slot).count() > 1 {
+            if seen[slot] {
                 return Err(Error::Model(format!(
                     "slot {slot} is named twice in one pass"
                 )));
             }
+            seen[slot] = true;
             let past = *len;
             let total = past + seq_ids.len();
             if total > c.context_length {

@@ -111,7 +111,7 @@ pub trait GgmlOps: burn::backend::Backend {
         pre: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
-    /// One step's heads into the KV cache, one kernel ([`ggml_kernels::attention::qk_rope_cache`]):
+    /// One step's heads into the KV cache, one kernel ([`ggml_kernels::kv_cache::qk_rope_cache`]):
     /// `qk` `[n, qk_stride]` and `v` `[n, v_stride]` f32 (the projections, as `layout` places the
     /// heads), `q_norm`, `k_norm` `[head_dim]` (read when `norm_eps` is set), `cos`, `sin`
     /// `[positions, head_dim / 2]`, `rows` `[n * 2]` u32 (each token's cache slot and

@@ -223,30 +223,34 @@ fn lazy_tensor(file: &Arc<GgufFile>, info: &TensorInfo) -> Result<PackTensor, Gg
         t if ggml_codec::supports(t) => DType::F32,
         t => return Err(err(format!("ggml type {t:?} has no CPU decoder"))),
     };
-    let shape = info.shape();
     let n = usize::try_from(info.n_elements()).map_err(|_| err("too many elements".into()))?;
-    let (file, name, ty) = (file.clone(), info.name.clone(), info.ggml_type);
+    let (file, name, ty, shape) = (
+        file.clone(),
+        info.name.clone(),
+        info.ggml_type,
+        info.shape(),
+    );
+    let stored = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
     let provider = move || -> Result<TensorData, PackError> {
         let info = file
             .tensor(&name)
             .ok_or_else(|| PackError::ValidationError(format!("tensor '{name}' vanished")))?;
         let bytes = file.tensor_data(info);
-        let shape = info.shape();
-        let fail = |e: String| PackError::ValidationError(format!("tensor '{name}': {e}"));
-        Ok(match dtype {
-            DType::F16 | DType::BF16 => TensorData::from_bytes_vec(bytes.to_vec(), shape, dtype),
-            _ if ty == GgmlType::F32 => TensorData::from_bytes_vec(bytes.to_vec(), shape, dtype),
-            _ => {
-                let values =
-                    ggml_codec::dequantize_to_vec(ty, bytes, n).map_err(|e| fail(e.to_string()))?;
-                TensorData::new(values, shape)
-            }
-        })
+        if stored {
+            return Ok(TensorData::from_bytes_vec(
+                bytes.to_vec(),
+                shape.clone(),
+                dtype,
+            ));
+        }
+        let values = ggml_codec::dequantize_to_vec(ty, bytes, n)
+            .map_err(|e| PackError::ValidationError(format!("tensor '{name}': {e}")))?;
+        Ok(TensorData::new(values, shape.clone()))
     };
     Ok(burn::store::bridge::deferred(
         info.name.clone(),
         dtype,
-        shape.into(),
+        info.shape().into(),
         None,
         provider,
     ))

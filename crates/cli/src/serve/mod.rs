@@ -213,12 +213,16 @@ fn router(state: Shared) -> Router {
         .with_state(state)
 }
 
-async fn health(State(s): State<Shared>) -> Response {
-    let running: usize = s
-        .models
+/// Sequences running now, over all models.
+fn running(s: &AppState) -> usize {
+    s.models
         .iter()
         .map(|m| m.handle.running.load(Ordering::SeqCst))
-        .sum();
+        .sum()
+}
+
+async fn health(State(s): State<Shared>) -> Response {
+    let running = running(&s);
     axum::Json(json!({
         "status": "ok",
         "models": s.models.iter().map(|m| m.id.clone()).collect::<Vec<_>>(),
@@ -231,12 +235,9 @@ async fn health(State(s): State<Shared>) -> Response {
 }
 
 async fn metrics_text(State(s): State<Shared>) -> Response {
-    let running: usize = s
-        .models
-        .iter()
-        .map(|m| m.handle.running.load(Ordering::SeqCst))
-        .sum();
-    let body = s.metrics.render(running, s.waiting.load(Ordering::SeqCst));
+    let body = s
+        .metrics
+        .render(running(&s), s.waiting.load(Ordering::SeqCst));
     (
         [(
             axum::http::header::CONTENT_TYPE,

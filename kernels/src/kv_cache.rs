@@ -1,0 +1,297 @@
+//! The step between the Q/K/V projections and attention, one launch ([`qk_rope_cache`]):
+//! llama.cpp's `rms_norm` + `mul` of Q and K, `rope_ext` of both, and the `set_rows` copies of K
+//! and V into the cache, fused. Optional per-head RMSNorm of Q and K, RoPE from a table of
+//! angles that lives on the device, Q to its own buffer, K and V written into the cache at each
+//! token's slot and position (the cache layout and the `rows` buffer are described in
+//! [`crate::attention`]).
+use crate::KernelError;
+use cubecl::client::Client;
+use cubecl::prelude::*;
+
+/// One unit per head row of one token: `n * (n_head + 2 * n_head_kv)` units. Row `j` of token
+/// `t` is query head `j` (`j < n_head`), key head `j - n_head`, or value head
+/// `j - n_head - n_head_kv`.
+///
+/// - `qk` `[n, qk_stride]`: query heads at columns `0..n_head * 2 * half`, key heads from
+///   column `k_off`; `v` `[n, v_stride]`: value heads from column `v_off` (`qk` and `v` may be
+///   the same buffer: one projection of Q, K and V together).
+/// - With `norm`, query and key heads are RMS-normalised with `q_norm` / `k_norm`
+///   (`[2 * half]` each): `x * (1 / sqrt(mean(x^2) + eps)) * w`, ggml's order.
+/// - Token `t` is at slot `rows[2t]`, position `p = rows[2t + 1]`; a token with a slot not
+///   below `slots` or a position not below `positions` (at most the cache's capacity and the
+///   tables' rows) is skipped.
+/// - RoPE of position `p` from `cos` / `sin` (`[positions, half]`: row `p` holds the angles
+///   of position `p`); `neox` pairs `(i, i + half)`, otherwise `(2i, 2i + 1)`.
+/// - Queries go to `q_out` `[n, n_head, 2 * half]`; keys and values to `k_cache` /
+///   `v_cache` `[slots * n_head_kv, capacity, 2 * half]` at the token's slot and position.
+#[cube(launch_unchecked, create_dummy_kernel)]
+#[allow(clippy::too_many_arguments)]
+pub fn qk_rope_cache(
+    qk: &[f32],
+    v: &[f32],
+    q_norm: &[f32],
+    k_norm: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    rows: &[u32],
+    q_out: &mut [f32],
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    n: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    half: u32,
+    qk_stride: u32,
+    k_off: u32,
+    v_stride: u32,
+    v_off: u32,
+    slots: u32,
+    capacity: u32,
+    positions: u32,
+    eps: f32,
+    #[comptime] norm: bool,
+    #[comptime] neox: bool,
+) {
+    let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
+    let row = cube * CUBE_DIM_X + UNIT_POS_X;
+    let per_token = n_head + 2 * n_head_kv;
+    let t = row / per_token;
+    // Out-of-range units read row 0 (in range) and then do nothing.
+    let at = select(row < n * per_token, t * 2, 0);
+    let slot = rows[at as usize];
+    let pos = rows[(at + 1) as usize];
+    if row < n * per_token && slot < slots && pos < positions {
+        let hd = 2 * half;
+        let j = row % per_token;
+        // The token's KV heads start at this cache row.
+        let base = slot * n_head_kv;
+        if j >= n_head + n_head_kv {
+            // A value head: copied into the cache as it is.
+            let g = j - n_head - n_head_kv;
+            let src = t * v_stride + v_off + g * hd;
+            let dst = ((base + g) * capacity + pos) * hd;
+            for d in 0..hd {
+                v_cache[(dst + d) as usize] = v[(src + d) as usize];
+            }
+        } else {
+            let is_q = j < n_head;
+            let src = select(
+                is_q,
+                t * qk_stride + j * hd,
+                t * qk_stride + k_off + (j - n_head) * hd,
+            );
+            let mut inv = 1.0f32;
+            if comptime!(norm) {
+                let mut sum = 0.0f32;
+                for d in 0..hd {
+                    let x = qk[(src + d) as usize];
+                    sum += x * x;
+                }
+                inv = 1.0f32 / f32::sqrt(sum / f32::cast_from(hd) + eps);
+            }
+            for i in 0..half {
+                let (a, b) = if comptime!(neox) {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let mut x1 = qk[(src + a) as usize];
+                let mut x2 = qk[(src + b) as usize];
+                if comptime!(norm) {
+                    let wa = select(is_q, q_norm[a as usize], k_norm[a as usize]);
+                    let wb = select(is_q, q_norm[b as usize], k_norm[b as usize]);
+                    x1 = x1 * inv * wa;
+                    x2 = x2 * inv * wb;
+                }
+                let c = cos[(pos * half + i) as usize];
+                let s = sin[(pos * half + i) as usize];
+                let y1 = x1 * c - x2 * s;
+                let y2 = x1 * s + x2 * c;
+                if is_q {
+                    let dst = (t * n_head + j) * hd;
+                    q_out[(dst + a) as usize] = y1;
+                    q_out[(dst + b) as usize] = y2;
+                } else {
+                    let dst = ((base + j - n_head) * capacity + pos) * hd;
+                    k_cache[(dst + a) as usize] = y1;
+                    k_cache[(dst + b) as usize] = y2;
+                }
+            }
+        }
+    }
+}
+
+/// Shapes of one [`launch_qk_rope_cache`] call. Heads are `head_dim` f32 values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QkRopeShape {
+    /// Tokens (rows of the projections).
+    pub n: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Values per head (even).
+    pub head_dim: usize,
+    /// Row stride of the Q/K projection buffer, in values.
+    pub qk_stride: usize,
+    /// Column of the first key head in the Q/K buffer (query heads start at 0).
+    pub k_off: usize,
+    /// Row stride of the V projection buffer.
+    pub v_stride: usize,
+    /// Column of the first value head in the V buffer.
+    pub v_off: usize,
+    /// Sequences the caches hold (their first dimension is `slots * n_head_kv`).
+    pub slots: usize,
+    /// Positions the cache holds per slot: its second dimension.
+    pub capacity: usize,
+    /// Bound on the tokens' positions: at most `capacity` and the rows of the RoPE tables; a
+    /// token at or past it is skipped.
+    pub positions: usize,
+}
+
+/// Normalises (with `norm`: `q_norm`, `k_norm` `[head_dim]`, `eps`), rotates and stores one
+/// step's heads, [`qk_rope_cache`]: queries of `qk` to `q_out` `[n, n_head, head_dim]`, keys
+/// of `qk` and values of `v` into `k_cache` / `v_cache` `[slots * n_head_kv, capacity,
+/// head_dim]` at each token's slot and position (`rows` `[n, 2]` u32). `cos` / `sin`:
+/// `[positions, head_dim / 2]` f32. Without `norm`, `q_norm` and `k_norm` are not read.
+///
+/// # Errors
+/// An odd `head_dim`, heads that do not fit their strides, `positions` past `capacity`, a
+/// buffer shorter than the shapes, or index arithmetic past `u32`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_qk_rope_cache(
+    client: &Client,
+    qk: BufferArg,
+    v: BufferArg,
+    q_norm: BufferArg,
+    k_norm: BufferArg,
+    cos: BufferArg,
+    sin: BufferArg,
+    rows: BufferArg,
+    q_out: BufferArg,
+    k_cache: BufferArg,
+    v_cache: BufferArg,
+    s: QkRopeShape,
+    norm: Option<f32>,
+    neox: bool,
+) -> Result<(), KernelError> {
+    const OP: &str = "qk_rope_cache";
+    let hd = s.head_dim;
+    let end = Some(s.positions);
+    let need = |a: usize, b: usize| a.checked_mul(b);
+    let q_len = need(s.n, s.n_head).and_then(|v| need(v, hd));
+    let cache_len = need(s.slots, s.n_head_kv)
+        .and_then(|v| need(v, s.capacity))
+        .and_then(|v| need(v, hd));
+    let table_len = need(s.positions, hd / 2);
+    let qk_cols = need(s.n_head, hd).and_then(|q| {
+        s.k_off
+            .checked_add(need(s.n_head_kv, hd)?)
+            .map(|k| k.max(q))
+    });
+    let v_cols = need(s.n_head_kv, hd).and_then(|v| v.checked_add(s.v_off));
+    let (Some(end), Some(q_len), Some(cache_len), Some(table_len), Some(qk_cols), Some(v_cols)) =
+        (end, q_len, cache_len, table_len, qk_cols, v_cols)
+    else {
+        return Err(crate::shape_err(OP, format!("{s:?}: sizes overflow")));
+    };
+    let fits_u32 = [
+        q_len,
+        cache_len,
+        table_len,
+        s.n * s.qk_stride,
+        s.n * s.v_stride,
+    ]
+    .iter()
+    .all(|&v| v <= u32::MAX as usize);
+    if hd == 0 || !hd.is_multiple_of(2) || qk_cols > s.qk_stride || v_cols > s.v_stride || !fits_u32
+    {
+        return Err(crate::shape_err(
+            OP,
+            format!("{s:?}: heads do not fit their strides, or head_dim is odd"),
+        ));
+    }
+    if end > s.capacity {
+        return Err(crate::shape_err(
+            OP,
+            format!("positions up to {end} do not fit a cache of {}", s.capacity),
+        ));
+    }
+    if rows.len() < 2 * s.n {
+        return Err(crate::shape_err(
+            OP,
+            format!("{} values of rows for {} tokens", rows.len(), s.n),
+        ));
+    }
+    let norm_len = if norm.is_some() { hd } else { 0 };
+    if qk.len() < s.n * s.qk_stride
+        || v.len() < s.n * s.v_stride
+        || q_out.len() < q_len
+        || k_cache.len() < cache_len
+        || v_cache.len() < cache_len
+        || cos.len() < table_len
+        || sin.len() < table_len
+        || q_norm.len() < norm_len
+        || k_norm.len() < norm_len
+    {
+        return Err(crate::shape_err(
+            OP,
+            format!(
+                "{s:?}: buffers of qk {}, v {}, q_out {}, caches {}/{}, tables {}/{}, norms \
+                 {}/{} values are too short",
+                qk.len(),
+                v.len(),
+                q_out.len(),
+                k_cache.len(),
+                v_cache.len(),
+                cos.len(),
+                sin.len(),
+                q_norm.len(),
+                k_norm.len()
+            ),
+        ));
+    }
+    let units = s.n * (s.n_head + 2 * s.n_head_kv);
+    if units == 0 {
+        return Ok(());
+    }
+    let units = u32::try_from(units)
+        .map_err(|_| crate::shape_err(OP, format!("{units} head rows: too many")))?;
+    let per_cube = 64u32;
+    // SAFETY: units past the last head row, and tokens whose slot or position is out of
+    // range, do nothing; every index is below the lengths checked above (rows below 2n, query
+    // heads below q_len, cache rows below slots * n_head_kv * capacity, table rows below
+    // positions, projection columns below their strides, norm weights below head_dim).
+    unsafe {
+        qk_rope_cache::launch_unchecked(
+            client,
+            crate::cube_count_for(units.div_ceil(per_cube)),
+            CubeDim::new_1d(per_cube),
+            qk,
+            v,
+            q_norm,
+            k_norm,
+            cos,
+            sin,
+            rows,
+            q_out,
+            k_cache,
+            v_cache,
+            s.n as u32,
+            s.n_head as u32,
+            s.n_head_kv as u32,
+            (hd / 2) as u32,
+            s.qk_stride as u32,
+            s.k_off as u32,
+            s.v_stride as u32,
+            s.v_off as u32,
+            s.slots as u32,
+            s.capacity as u32,
+            s.positions as u32,
+            norm.unwrap_or(0.0),
+            norm.is_some(),
+            neox,
+        )
+    };
+    Ok(())
+}
