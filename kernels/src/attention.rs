@@ -1,12 +1,12 @@
 //! Attention over a per-layer KV cache that lives on the device, in two kernels (the cache is
-//! written by [`crate::kv_cache::qk_rope_cache`]):
+//! written by `crate::kv_cache::qk_rope_cache()`):
 //!
-//! - [`attention`]: grouped-query attention of 1..n query rows over the cached keys and values,
+//! - `attention()`: grouped-query attention of 1..n query rows over the cached keys and values,
 //!   causal, with an optional sliding window. One cube per (query row, head, split of the key
 //!   axis); the scores of a split live in workgroup shared memory, so the softmax is exact
 //!   within a split, and the splits are merged with the online-softmax rule (llama.cpp's
 //!   flash-attention decode: `flash_attn_ext` with `split_k`, then its reduce step).
-//! - [`attention_combine`]: that merge, when the keys needed more than one split.
+//! - `attention_combine()`: that merge, when the keys needed more than one split.
 //!
 //! The cache of one layer holds `slots` sequences: `[slots * n_head_kv, capacity, head_dim]` f32
 //! (Burn order), position `p` of KV head `g` of slot `c` at
@@ -19,15 +19,15 @@ use crate::KernelError;
 use cubecl::client::Client;
 use cubecl::prelude::*;
 
-/// Keys one cube of [`attention`] scores: the length of its shared scores array. Keys past it
-/// go to further cubes, merged by [`attention_combine`].
+/// Keys one cube of `attention()` scores: the length of its shared scores array. Keys past it
+/// go to further cubes, merged by `attention_combine()`.
 pub const ATTENTION_SPLIT: u32 = 256;
-/// Units in one cube of [`attention`] (a power of two: the softmax reductions are trees).
+/// Units in one cube of `attention()` (a power of two: the softmax reductions are trees).
 pub const ATTENTION_UNITS: u32 = 64;
-/// Most query heads one cube of [`attention`] takes (heads sharing a KV head).
+/// Most query heads one cube of `attention()` takes (heads sharing a KV head).
 pub const ATTENTION_MAX_HEADS: usize = 8;
 
-/// Lanes per key in [`attention`]'s scores: the device's plane width where it is fixed, a
+/// Lanes per key in `attention()`'s scores: the device's plane width where it is fixed, a
 /// power of two from 2 to [`ATTENTION_UNITS`], and the device runs plane ops (lavapipe does,
 /// though CubeCL does not list them for CPU devices, as for the GEMV's plane variants); else 1
 /// (a key per unit).
@@ -45,7 +45,7 @@ pub fn attention_lanes(client: &Client) -> u32 {
     if fixed && ops { width } else { 1 }
 }
 
-/// Query heads one cube of [`attention`] takes for `rep` query heads per KV head: the largest
+/// Query heads one cube of `attention()` takes for `rep` query heads per KV head: the largest
 /// power of two up to [`ATTENTION_MAX_HEADS`] that divides `rep`.
 pub fn attention_heads(rep: usize) -> usize {
     let mut heads = ATTENTION_MAX_HEADS;
@@ -74,7 +74,7 @@ pub fn attention_heads(rep: usize) -> usize {
 /// (a split with no visible key has a sum of 0).
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
-pub fn attention(
+pub(crate) fn attention(
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
@@ -260,11 +260,11 @@ pub fn attention(
     }
 }
 
-/// Merges [`attention`]'s splits: one unit per output value `(th, d)` of `rows` row-head
+/// Merges [`attention()`]'s splits: one unit per output value `(th, d)` of `rows` row-head
 /// pairs, written to `out[out_off + th * head_dim + d]`: `sum_s e_s acc_s[d] / sum_s e_s l_s`
 /// with `e_s = exp(m_s - max_s m_s)` over the splits with a visible key (`l_s > 0`).
 #[cube(launch_unchecked, create_dummy_kernel)]
-pub fn attention_combine(
+pub(crate) fn attention_combine(
     part_acc: &[f32],
     part_ml: &[f32],
     out: &mut [f32],
@@ -332,7 +332,7 @@ const ATTENTION_SCRATCH_VALUES: usize = 8 << 20;
 /// `[slots * n_head_kv, capacity, head_dim]`, query row `t` over slot `rows[2t]` up to
 /// position `rows[2t + 1]` (`rows` `[n, 2]` u32; positions up to it filled), into `out`
 /// `[n, n_head, head_dim]`: softmax of `scale * q k^T` over the visible keys, times `v`
-/// ([`attention`], and [`attention_combine`] when `keys` is more than [`ATTENTION_SPLIT`]).
+/// (`attention()`, and `attention_combine()` when `keys` is more than [`ATTENTION_SPLIT`]).
 /// All f32. A row whose slot or position is out of range is left unwritten.
 ///
 /// # Errors

@@ -10,7 +10,7 @@ use cubecl::prelude::*;
 
 /// One unit per 32-element chunk of each output row; `out` is `[ids.len(), cols]` f32.
 #[cube(launch_unchecked, create_dummy_kernel)]
-pub fn dequantize_rows<F: BlockDecode>(
+pub(crate) fn dequantize_rows<F: BlockDecode>(
     w: &[u32],
     grid: &[u32],
     ids: &[u32],

@@ -45,7 +45,7 @@ pub trait BlockFormat: 'static + Send + Sync {
 ///   half-chunk biases at `out[FACTOR_BIASES..]`: ggml's `d * q - m` (Q4_K, Q5_K, Q2_K, with the
 ///   bias `-m`) and `d * q + m` (Q4_1, Q5_1), both of its roundings.
 ///
-/// [`decode_values`] multiplies the factors back out in the format's order of operations, so it
+/// `decode_values()` multiplies the factors back out in the format's order of operations, so it
 /// stays bit-exact. The own-rows GEMV multiplies by a scale once per 16 products and takes the
 /// offsets or biases against sums of activations that all its weight rows share
 /// (`sum_e (s q_e + b) x_e = s sum_e q_e x_e + b sum_e x_e`, llama.cpp's `mul_mat_vec` order):
@@ -229,9 +229,11 @@ fn level_codes(entry: u64, levels: [u8; 3]) -> u32 {
 
 /// Decodes chunk `chunk` (0..CHUNKS) of the block starting at byte `block` of the word stream
 /// `w` into `out` (in row order, [`BlockFormat::FORM`], [`ChunkForm::out_len`] values). `grid`
-/// is [`BlockFormat::GRID`] as words. [`decode_values`] gives the weights of any type.
+/// is [`BlockFormat::GRID`] as words. `decode_values()` gives the weights of any type.
 #[cube]
+#[allow(missing_docs)] // CubeCL's expansion of the trait carries no docs
 pub trait BlockDecode: BlockFormat {
+    /// See the trait's docs.
     fn decode_chunk(w: &[u32], grid: &[u32], block: u32, chunk: u32, out: &mut Array<f32>);
 }
 
@@ -239,7 +241,7 @@ pub trait BlockDecode: BlockFormat {
 /// every type: a factored chunk is multiplied out in place. `out` holds
 /// `F::FORM.out_len()` values.
 #[cube]
-pub fn decode_values<F: BlockDecode>(
+pub(crate) fn decode_values<F: BlockDecode>(
     w: &[u32],
     grid: &[u32],
     block: u32,
@@ -381,7 +383,7 @@ impl BlockDecode for Q5_0 {
 /// llama.cpp `get_scale_min_k4(j, scales)` for the 12 packed bytes at byte `scales`: the 6-bit
 /// scale in bits 0..8 of the result, the 6-bit min in bits 8..16.
 #[cube]
-pub fn scale_min_k4(w: &[u32], scales: u32, j: u32) -> u32 {
+pub(crate) fn scale_min_k4(w: &[u32], scales: u32, j: u32) -> u32 {
     let lo = j % 4;
     let a = read_u8(w, scales + lo);
     let b = read_u8(w, scales + lo + 4);
@@ -714,20 +716,20 @@ fn lut16_i8(t0: u32, t1: u32, t2: u32, t3: u32, q: u32) -> f32 {
 
 /// `kvalues_iq4nl[q]` as f32.
 #[cube]
-pub fn kvalue_iq4nl(q: u32) -> f32 {
+pub(crate) fn kvalue_iq4nl(q: u32) -> f32 {
     lut16_i8(KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3, q)
 }
 
 /// `kvalues_mxfp4[q]` (the doubled E2M1 value of nibble `q`) as f32.
 #[cube]
-pub fn kvalue_fp4(q: u32) -> f32 {
+pub(crate) fn kvalue_fp4(q: u32) -> f32 {
     lut16_i8(KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3, q)
 }
 
 /// ggml's `GGML_E8M0_TO_FP32_HALF` on the E8M0 byte `e`: `2^(e - 128)` built from its bits
 /// (`e < 2` gives the subnormals `2^-128`, `2^-127`; `e = 255` gives `2^127`).
 #[cube]
-pub fn e8m0_to_f32_half(e: u32) -> f32 {
+pub(crate) fn e8m0_to_f32_half(e: u32) -> f32 {
     let sub = 0x0020_0000u32 << (e & 1);
     let normal = (e - 1) << 23;
     f32::reinterpret(select(e < 2, sub, normal))
@@ -737,7 +739,7 @@ pub fn e8m0_to_f32_half(e: u32) -> f32 {
 /// values): `0` and `0x7F` give 0, exponent 0 is subnormal (`man * 2^-10` after halving),
 /// otherwise `(1 + man / 8) * 2^(exp - 8)`. Bit 7 is ignored except in the zero test.
 #[cube]
-pub fn ue4m3_to_f32_half(x: u32) -> f32 {
+pub(crate) fn ue4m3_to_f32_half(x: u32) -> f32 {
     let exp = (x >> 3) & 0xF;
     let man = x & 7;
     let normal = f32::reinterpret(((exp + 119) << 23) | (man << 20));
@@ -1005,7 +1007,7 @@ impl BlockDecode for Q2_0 {
 /// ggml's `ksigns_iq2xs[i]` for a 7-bit `i`: `i` plus bit 7 set when `i` has an odd number of set
 /// bits (so every group has an even number of minus signs).
 #[cube]
-pub fn ksigns_iq2xs(i: u32) -> u32 {
+pub(crate) fn ksigns_iq2xs(i: u32) -> u32 {
     let mut p = i ^ (i >> 4);
     p ^= p >> 2;
     p ^= p >> 1;

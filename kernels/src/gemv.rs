@@ -8,20 +8,20 @@
 //! Two ways of mapping units to rows, one kernel each, both generic over the one block decoder
 //! of each type ([`crate::GemvConfig`] picks one per device):
 //!
-//! - **split** ([`gemv`], the GPU layout of llama.cpp's `mul_mat_vec`): `lanes` units of
+//! - **split** (`gemv()`, the GPU layout of llama.cpp's `mul_mat_vec`): `lanes` units of
 //!   one cube share an output row (CubeDim `(lanes, rows_per_cube)`); lane `l` walks the row's
 //!   32-element chunks `l, l + lanes, ...`, so neighbouring lanes read neighbouring bytes, decodes
-//!   each with the type's [`BlockDecode`] ([`decode_for_dot`]: a [`ChunkForm::Scaled`] chunk
-//!   stays factored and [`chunk_dot`] applies its two scales once per 16 products) and
+//!   each with the type's [`BlockDecode`] (`decode_for_dot()`: a [`ChunkForm::Scaled`] chunk
+//!   stays factored and `chunk_dot()` applies its two scales once per 16 products) and
 //!   accumulates one f32 partial per activation row.
 //!   Partials are reduced with a plane (subgroup) sum when `plane` is set (then `lanes` is the
 //!   device's plane width) or through workgroup shared memory otherwise.
-//! - **own rows** ([`gemv_rows`], the layout of CPU-emulated devices such as lavapipe, where
+//! - **own rows** (`gemv_rows()`, the layout of CPU-emulated devices such as lavapipe, where
 //!   every load whose address differs between lanes is a scalar loop over the SIMD lanes, so a
 //!   4-word vector load costs little more than a word, and arithmetic is cheap): each unit owns
 //!   `own_rows` whole rows and walks them a few blocks
 //!   ([`crate::formats::BlockFormat::STAGE_BLOCKS`]) at a time. The blocks are staged once into
-//!   registers with 4-word vector loads ([`stage_vec4`]), where the decoders' unaligned reads
+//!   registers with 4-word vector loads (`stage_vec4()`), where the decoders' unaligned reads
 //!   would load two words per field, then decoded chunk by chunk from there (a factored chunk,
 //!   [`crate::formats::ChunkForm`], costs one multiply-add per weight, its scales applied once
 //!   per 16 products); each activation is loaded once (as 4-float vectors) for all the unit's
@@ -43,17 +43,17 @@ use cubecl::prelude::*;
 /// cached WGSL ([`crate::wgsl_cache`]) takes its bind-group layout from the bindings its shader
 /// uses, and the codebook buffer is bound for every type but read only by those with one.
 #[cube]
-pub fn keep_binding(buffer: &[u32], out: &mut [f32], never: bool) {
+pub(crate) fn keep_binding(buffer: &[u32], out: &mut [f32], never: bool) {
     if never {
         out[0] = f32::cast_from(buffer[0]);
     }
 }
 
-/// Decodes chunk `chunk` of the block at byte `block` for [`chunk_dot`]: a
+/// Decodes chunk `chunk` of the block at byte `block` for [`chunk_dot()`]: a
 /// [`ChunkForm::Scaled`] chunk stays factored (values and two half-chunk scales), every other
-/// form is multiplied out ([`decode_values`]).
+/// form is multiplied out ([`decode_values()`]).
 #[cube]
-pub fn decode_for_dot<F: BlockDecode>(
+pub(crate) fn decode_for_dot<F: BlockDecode>(
     w: &[u32],
     grid: &[u32],
     block: u32,
@@ -67,12 +67,12 @@ pub fn decode_for_dot<F: BlockDecode>(
     }
 }
 
-/// `sum_e weight_e * x[xo + e]` over a chunk decoded by [`decode_for_dot`], summed in order: a
+/// `sum_e weight_e * x[xo + e]` over a chunk decoded by [`decode_for_dot()`], summed in order: a
 /// [`ChunkForm::Scaled`] chunk's halves each multiplied by their scale once (a multiply fewer
 /// per weight, llama.cpp `mul_mat_vec`'s `d * sum(q * x)`; within
 /// [`crate::check::GEMV_TOL`] of the multiplied-out sum).
 #[cube]
-pub fn chunk_dot<F: BlockDecode>(vals: &Array<f32>, x: &[f32], xo: u32) -> f32 {
+pub(crate) fn chunk_dot<F: BlockDecode>(vals: &Array<f32>, x: &[f32], xo: u32) -> f32 {
     let mut total = 0.0f32;
     if comptime!(matches!(F::FORM, ChunkForm::Scaled)) {
         #[unroll]
@@ -98,7 +98,7 @@ pub fn chunk_dot<F: BlockDecode>(vals: &Array<f32>, x: &[f32], xo: u32) -> f32 {
 /// type's codebook. The split layout (see the module docs), one pass of `m_pass >= m` rows.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv<F: BlockDecode>(
+pub(crate) fn gemv<F: BlockDecode>(
     w: &[u32],
     grid: &[u32],
     x: &[f32],
@@ -193,15 +193,15 @@ pub fn gemv<F: BlockDecode>(
     }
 }
 
-/// [`gemv`] with a gated-activation epilogue (`glu`: [`crate::glu::GLU_GELU`] or
-/// [`crate::glu::GLU_SILU`]; [`GLU_NONE`] gives [`gemv`]'s values): `w` is a stacked gate/up
+/// [`gemv()`] with a gated-activation epilogue (`glu`: [`crate::glu::GLU_GELU`] or
+/// [`crate::glu::GLU_SILU`]; [`GLU_NONE`] gives [`gemv()`]'s values): `w` is a stacked gate/up
 /// projection of `rows = 2 * half` rows and `y` is `[m, half]`; each of the cube's row slots
 /// sums the gate row `n` and the up row `n + half` and stores `act(gate) * up`. A kernel of
-/// its own so that [`gemv`]'s shaders stay as they were (the driver's shader caches keep
+/// its own so that [`gemv()`]'s shaders stay as they were (the driver's shader caches keep
 /// them).
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_glu<F: BlockDecode>(
+pub(crate) fn gemv_glu<F: BlockDecode>(
     w: &[u32],
     grid: &[u32],
     x: &[f32],
@@ -334,19 +334,19 @@ pub type Vec4<T> = Vector<T, Const<4>>;
 /// The GEMV kernel in the own-rows layout. `w` is the word stream as 4-word vectors (its length
 /// padded to whole vectors, [`crate::words_len`]), `grid` the type's codebook buffer
 /// ([`crate::grid_words`]), bound as for the split kernel but not read (the codebook is
-/// compiled in, [`LOCAL_GRID_MAX_WORDS`]; see [`keep_binding`]), `x` is `[m, cols]` f32 as
+/// compiled in, [`LOCAL_GRID_MAX_WORDS`]; see [`keep_binding()`]), `x` is `[m, cols]` f32 as
 /// 4-float vectors, `y` is `[m, rows]`. Unit `l` of cube `c` owns rows
 /// `c * lanes * own_rows + j * lanes + l` for `j < own_rows` (CubeDim `(lanes, 1)`); with
 /// `plane`, `lanes` is the device's plane width.
 /// Activation rows go in `ceil(m / m_pass)` passes.
 ///
-/// With a `glu` epilogue (as [`gemv_glu`]'s: `w` a stacked gate/up projection of `rows = 2 * half`
+/// With a `glu` epilogue (as [`gemv_glu()`]'s: `w` a stacked gate/up projection of `rows = 2 * half`
 /// rows, `y` `[m, half]`) unit `l` of cube `c` owns output rows
 /// `n = c * lanes * own_rows / 2 + j * lanes + l` for `j < own_rows / 2`, and sums weight rows
 /// `n` and `n + half` for each.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_rows<F: BlockDecode>(
+pub(crate) fn gemv_rows<F: BlockDecode>(
     w: &[Vec4<u32>],
     grid: &[u32],
     x: &[Vec4<f32>],
@@ -397,7 +397,7 @@ pub fn gemv_rows<F: BlockDecode>(
     );
 }
 
-/// Largest codebook (in words) that [`gemv_rows`] compiles in, as every codebook is: the IQ2
+/// Largest codebook (in words) that `gemv_rows()` compiles in, as every codebook is: the IQ2
 /// and IQ1 grids as 2-bit codes and the IQ3 grids (128-1024 words). The kernel writes the
 /// table's words ([`crate::formats::Grid::words`]) as constants to an invocation-local array
 /// before its loop, and its decoders look up that array. On lavapipe:
@@ -418,7 +418,7 @@ pub fn gemv_rows<F: BlockDecode>(
 /// buffer (cached loads).
 pub const LOCAL_GRID_MAX_WORDS: u32 = 1024;
 
-/// Activation rows one pass of [`gemv_rows`] takes for `m >= 2` (`m = 2, 3` pad a pass); more
+/// Activation rows one pass of `gemv_rows()` takes for `m >= 2` (`m = 2, 3` pad a pass); more
 /// take further passes, each reading and decoding the weights again. 4 rather than 2: the grid
 /// types' decode costs far more than a row's multiply-adds, and at m = 8 on 4096x4096 IQ2_XXS
 /// took 16.4-26.1 ms in passes of 4 against 38.6 ms in passes of 2 (`cargo xtask bench --quick
@@ -763,7 +763,7 @@ pub const fn stage_alignment(block_bytes: u32) -> u32 {
     }
 }
 
-/// Vectors [`stage_vec4`] loads for a run of `bytes` bytes that starts on a multiple of
+/// Vectors `stage_vec4()` loads for a run of `bytes` bytes that starts on a multiple of
 /// `align` (1, 2, 4 or 16): enough to cover the run from the latest such start in a vector,
 /// `16 - align` bytes in. (IQ1_S, 50 bytes on half-words: 4 vectors, where counting whole
 /// words after a start anywhere took 5.)
@@ -778,7 +778,7 @@ pub const fn stage_vectors(bytes: u32, align: u32) -> u32 {
 /// stream's padding ([`crate::words_len`]) keeps every load in bounds for the last block of a
 /// buffer.
 #[cube]
-pub fn stage_vec4(
+pub(crate) fn stage_vec4(
     w: &[Vec4<u32>],
     start: u32,
     out: &mut Array<u32>,

@@ -13,8 +13,11 @@ pub enum GemvConfig {
     /// shared memory (`lanes == 1`: no reduction). The GPU layout: neighbouring lanes read
     /// neighbouring chunks of a row.
     Split {
+        /// Units per output row.
         lanes: u32,
+        /// Output rows per cube.
         rows_per_cube: u32,
+        /// Reduce with a plane sum (else through shared memory).
         plane: bool,
     },
     /// Each of the `lanes` units of a cube owns `rows_per_unit` whole rows, stages each block
@@ -24,8 +27,11 @@ pub enum GemvConfig {
     /// broadcasts. The layout of CPU-emulated devices (lavapipe), where each per-lane load
     /// costs a scalar loop over the SIMD lanes and arithmetic is cheap.
     OwnRows {
+        /// Whole rows each unit owns.
         rows_per_unit: u32,
+        /// Units per cube.
         lanes: u32,
+        /// The cube is one plane sharing activation loads by broadcasts.
         plane: bool,
     },
 }
@@ -188,7 +194,7 @@ impl GemvConfig {
     }
 
     /// The kernel's comptime layout arguments `(lanes, rows_per_cube, plane)` of
-    /// [`gemv::gemv`] (split) or `(lanes, rows_per_unit, plane)` of [`gemv::gemv_rows`] (own
+    /// `gemv::gemv()` (split) or `(lanes, rows_per_unit, plane)` of `gemv::gemv_rows()` (own
     /// rows).
     pub fn kernel_args(self) -> (u32, u32, bool) {
         match self {

@@ -11,7 +11,7 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 /// ggml's `GELU_COEF_A`.
 const GELU_COEF_A: f32 = 0.044_715;
 
-/// A GEMV epilogue code ([`crate::gemv::gemv_glu`], [`crate::gemv::gemv_rows`]): no epilogue.
+/// A GEMV epilogue code (`crate::gemv::gemv_glu()`, `crate::gemv::gemv_rows()`): no epilogue.
 pub const GLU_NONE: u32 = 0;
 /// A GEMV epilogue code: `gelu_tanh(gate) * up` of a stacked gate/up projection.
 pub const GLU_GELU: u32 = 1;
@@ -24,9 +24,9 @@ pub const fn glu_code(gelu: bool) -> u32 {
 }
 
 /// The gate's activation: ggml's GELU (tanh approximation, its argument clamped to ±15) with
-/// `gelu`, SiLU otherwise (see [`glu`]).
+/// `gelu`, SiLU otherwise (see [`glu()`]).
 #[cube]
-pub fn glu_act(x: f32, #[comptime] gelu: bool) -> f32 {
+pub(crate) fn glu_act(x: f32, #[comptime] gelu: bool) -> f32 {
     if comptime!(gelu) {
         let inner = (x + x * x * x * GELU_COEF_A) * SQRT_2_OVER_PI;
         x * (f32::tanh(clamp(inner, -15.0, 15.0)) + 1.0) * 0.5
@@ -44,7 +44,7 @@ pub fn glu_act(x: f32, #[comptime] gelu: bool) -> f32 {
 /// otherwise SiLU, `act(x) = x / (1 + exp(-x))`.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
-pub fn glu(
+pub(crate) fn glu(
     gate: &[f32],
     up: &[f32],
     y: &mut [f32],
@@ -65,7 +65,7 @@ pub fn glu(
 }
 
 /// `y[r, i] = act(gate[r * stride + i]) * up[r * stride + up_off + i]` for `y` `[rows, width]`,
-/// [`glu`]: ggml's GELU (tanh approximation) with `gelu`, SiLU otherwise; all f32. Two
+/// `glu()`: ggml's GELU (tanh approximation) with `gelu`, SiLU otherwise; all f32. Two
 /// `[rows, width]` buffers take `stride = width`, `up_off = 0`; one stacked gate/up projection
 /// `[rows, 2 * width]` takes the same buffer twice with `stride = 2 * width`, `up_off = width`.
 ///

@@ -1,4 +1,4 @@
-//! The step between the Q/K/V projections and attention, one launch ([`qk_rope_cache`]):
+//! The step between the Q/K/V projections and attention, one launch (`qk_rope_cache()`):
 //! llama.cpp's `rms_norm` + `mul` of Q and K, `rope_ext` of both, and the `set_rows` copies of K
 //! and V into the cache, fused. Optional per-head RMSNorm of Q and K, RoPE from a table of
 //! angles that lives on the device, Q to its own buffer, K and V written into the cache at each
@@ -26,7 +26,7 @@ use cubecl::prelude::*;
 ///   `v_cache` `[slots * n_head_kv, capacity, 2 * half]` at the token's slot and position.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
-pub fn qk_rope_cache(
+pub(crate) fn qk_rope_cache(
     qk: &[f32],
     v: &[f32],
     q_norm: &[f32],
@@ -150,7 +150,7 @@ pub struct QkRopeShape {
 }
 
 /// Normalises (with `norm`: `q_norm`, `k_norm` `[head_dim]`, `eps`), rotates and stores one
-/// step's heads, [`qk_rope_cache`]: queries of `qk` to `q_out` `[n, n_head, head_dim]`, keys
+/// step's heads, `qk_rope_cache()`: queries of `qk` to `q_out` `[n, n_head, head_dim]`, keys
 /// of `qk` and values of `v` into `k_cache` / `v_cache` `[slots * n_head_kv, capacity,
 /// head_dim]` at each token's slot and position (`rows` `[n, 2]` u32). `cos` / `sin`:
 /// `[positions, head_dim / 2]` f32. Without `norm`, `q_norm` and `k_norm` are not read.

@@ -2,21 +2,55 @@
 //!
 //! A GGUF tensor's bytes live on the device unchanged, as `u32` words ([`words_for_bytes`]).
 //! Each ggml type has one block decoder ([`formats`], behind the [`formats::BlockDecode`] trait);
-//! each op is one kernel generic over it:
-//! - [`gemv::gemv`]: fused dequantize + GEMV for 1..=[`MAX_GEMV_ROWS`] activation rows (decode);
-//! - [`dequantize::dequantize_rows`]: dequantize rows by id (embedding lookup, and the bounded
+//! each op is one kernel generic over it, started by its launch function:
+//! - [`launch_gemv`]: fused dequantize + GEMV for 1..=[`MAX_GEMV_ROWS`] activation rows (decode),
+//!   and [`launch_gemv_glu`] with the gated activation as its epilogue;
+//! - [`launch_dequantize_rows`]: dequantize rows by id (embedding lookup, and the bounded
 //!   scratch of chunked prefill);
 //! - not quantized ops, but the models' per-layer ops that Burn ops ran as several small kernels
-//!   each: [`norm::rms_norm`] (RMSNorm with its weight), [`norm::add_rms_norm`] (residual add
-//!   and the next norm), [`rope::rope`] (rotary position embedding), [`glu::glu`]
+//!   each: [`launch_rms_norm`] (RMSNorm with its weight), [`launch_add_rms_norm`] (residual add
+//!   and the next norm), [`launch_rope`] (rotary position embedding), [`launch_glu`]
 //!   (`act(gate) * up`), and attention over a KV cache on the device
-//!   ([`kv_cache::qk_rope_cache`], [`attention::attention`]);
-//! - mixture of experts without host round-trips: [`moe::moe_route`] (softmax, top-k,
-//!   renormalisation) and [`moe::gemv_id`] (the expert GEMV taking its experts from a buffer of
-//!   ids, llama.cpp's `mul_mat_id`).
+//!   ([`launch_qk_rope_cache`], [`launch_attention`]); [`launch_top_k`] for sampling;
+//! - mixture of experts without host round-trips: [`launch_moe_route`] (softmax, top-k,
+//!   renormalisation) and [`launch_gemv_id`] (the expert GEMV taking its experts from a buffer
+//!   of ids, llama.cpp's `mul_mat_id`).
 //!
-//! The launch functions here check every buffer length against the shapes before launching the
-//! unchecked kernels, so they are safe to call with any arguments.
+//! The launch functions check every buffer length against the shapes before launching the
+//! unchecked kernels, so they are safe to call with any arguments. The `#[cube]` kernels
+//! themselves are private to the crate; [`source`] writes any variant's WGSL, SPIR-V or MSL.
+//!
+//! ```
+//! use cubecl::prelude::*;
+//! use ggml_kernels::{GemvConfig, grid_words, launch_gemv, words_for_bytes};
+//! use gguf::GgmlType;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = cubecl::Device::from(cubecl::wgpu::WgpuDevice::default()).client();
+//! // One row of 32 weights as one llama.cpp `block_q8_0`: f16 `d` = 1.0, then `qs` = 0..32.
+//! let mut block = vec![0x00, 0x3c];
+//! block.extend(0u8..32);
+//! let (words, grid) = (words_for_bytes(&block), grid_words(GgmlType::Q8_0).unwrap());
+//! let x = [1.0f32; 32];
+//! let w = client.create_from_slice(u32::as_bytes(&words));
+//! let g = client.create_from_slice(u32::as_bytes(&grid));
+//! let xh = client.create_from_slice(f32::as_bytes(&x));
+//! let yh = client.empty(size_of::<f32>());
+//! // SAFETY: each length is that of its buffer (and launch_gemv checks them against the shapes).
+//! let (wa, ga, xa, ya) = unsafe {
+//!     (
+//!         BufferArg::from_raw_parts(w, words.len()),
+//!         BufferArg::from_raw_parts(g, grid.len()),
+//!         BufferArg::from_raw_parts(xh, x.len()),
+//!         BufferArg::from_raw_parts(yh.clone(), 1),
+//!     )
+//! };
+//! let config = GemvConfig::for_client(&client);
+//! launch_gemv(&client, GgmlType::Q8_0, wa, ga, xa, ya, 1, 32, config)?;
+//! let y = client.read_one(yh).map_err(|e| format!("{e:?}"))?;
+//! assert_eq!(f32::from_bytes(&y)[0], 496.0); // 0 + 1 + ... + 31
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
 pub mod attention;
 pub mod check;
 pub mod dequantize;
@@ -188,7 +222,12 @@ pub enum KernelError {
     Unsupported(GgmlType),
     /// Shapes or buffer lengths that do not fit the op.
     #[error("{op}: {reason}")]
-    Shape { op: &'static str, reason: String },
+    Shape {
+        /// The op, e.g. `gemv`.
+        op: &'static str,
+        /// What does not fit.
+        reason: String,
+    },
 }
 
 /// Whether a kernel decoder exists for `ty`.
@@ -354,7 +393,7 @@ pub fn launch_gemv(
 /// [`launch_gemv`] over a stacked gate/up projection with the gated activation as its
 /// epilogue, one kernel: `w` holds `rows = 2 * half` rows (the gate's `half` rows, then up's),
 /// `y` is `[m, half]` f32, `y[r, n] = act(x_r . W[n]) * (x_r . W[n + half])` with ggml's GELU
-/// (tanh approximation) when `gelu`, else SiLU ([`glu::glu_act`]); llama.cpp's `ggml_geglu` /
+/// (tanh approximation) when `gelu`, else SiLU (`glu::glu_act()`); llama.cpp's `ggml_geglu` /
 /// `ggml_swiglu` of the two projections.
 ///
 /// # Errors

@@ -1,8 +1,8 @@
 //! Mixture-of-experts on the device, so that a MoE layer reads nothing back to the host:
-//! - [`moe_route`]: each token's router logits to its `k` experts and their weights (softmax,
+//! - `moe_route()`: each token's router logits to its `k` experts and their weights (softmax,
 //!   top-k, renormalisation: llama.cpp `build_moe_ffn`'s `ggml_soft_max`, `ggml_top_k`,
 //!   `ggml_get_rows` and, with `norm_w`, the division by their sum);
-//! - [`gemv_id`]: the fused dequantize + GEMV of a bank of experts stacked by rows, each
+//! - `gemv_id()`: the fused dequantize + GEMV of a bank of experts stacked by rows, each
 //!   output slot taking its expert from a buffer of ids (llama.cpp `ggml_mul_mat_id`).
 use crate::formats::*;
 use crate::gemv::{chunk_dot, decode_for_dot, keep_binding};
@@ -19,7 +19,7 @@ use gguf::GgmlType;
 /// order (equal ones by increasing expert id, as a stable sort) into `ids[t * k + j]` and
 /// `weights[t * k + j]`, the weights divided by their sum when `norm`.
 #[cube(launch_unchecked)]
-pub fn moe_route(
+pub(crate) fn moe_route(
     logits: &[f32],
     ids: &mut [u32],
     weights: &mut [f32],
@@ -83,12 +83,12 @@ pub fn moe_route(
 /// select a range of each expert's rows (the gate or the up half of a merged `gate_up` bank).
 /// `x` is f32 rows of `cols`; `x_div` is the slots per activation row: `k` for the gate and up
 /// projections (a token's slots share its input), 1 for down (each slot has its own). `y` is
-/// `[slots, rows]`. The split layout of [`crate::gemv::gemv`] with one activation row: `lanes`
+/// `[slots, rows]`. The split layout of [`crate::gemv::gemv()`] with one activation row: `lanes`
 /// units per output row (reduced with a plane sum with `plane`, else in shared memory; none
 /// with one lane), `rows_per_cube` rows per cube.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_id<F: BlockDecode>(
+pub(crate) fn gemv_id<F: BlockDecode>(
     w: &[u32],
     grid: &[u32],
     x: &[f32],
@@ -164,7 +164,7 @@ pub fn gemv_id<F: BlockDecode>(
     }
 }
 
-/// The host's routing of one token, as [`moe_route`] routes on the device: the softmax of
+/// The host's routing of one token, as `moe_route()` routes on the device: the softmax of
 /// `logits` (its maximum subtracted, f32), the `k` largest probabilities in decreasing order
 /// (equal ones by increasing expert id), divided by their sum when `norm`. Returns `(ids,
 /// weights)`, `k` each (fewer when `logits` has fewer values).
@@ -184,7 +184,7 @@ pub fn route_row(logits: &[f32], k: usize, norm: bool) -> (Vec<u32>, Vec<f32>) {
     (order, weights)
 }
 
-/// Routes `n` tokens ([`moe_route`]): `logits` `[n, n_expert]` f32, `ids` and `weights`
+/// Routes `n` tokens (`moe_route()`): `logits` `[n, n_expert]` f32, `ids` and `weights`
 /// `[n, k]` (u32, f32), the weights renormalised to sum to 1 when `norm`.
 ///
 /// # Errors
@@ -250,7 +250,7 @@ pub fn launch_moe_route(
     Ok(())
 }
 
-/// The shape of a [`gemv_id`] launch.
+/// The shape of a `gemv_id()` launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvIdShape {
     /// Output rows per slot.
@@ -276,7 +276,7 @@ pub struct GemvIdShape {
     pub n_expert: usize,
 }
 
-/// [`gemv_id`] over one part of a bank of `ty` experts: `w` holds `part_rows` rows of `cols`
+/// `gemv_id()` over one part of a bank of `ty` experts: `w` holds `part_rows` rows of `cols`
 /// values, `grid` the type's codebook ([`crate::grid_words`]), `x` is
 /// `[ceil(slots / x_div), cols]` f32, `ids` `slots` u32 expert ids (below `n_expert`), `y`
 /// `[slots, rows]` f32 (zero where the row lies in another part). `config` must be a

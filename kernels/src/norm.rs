@@ -13,7 +13,7 @@ use cubecl::prelude::*;
 /// f32 in element order; the result is `(x * inv) * w` with `inv = 1 / sqrt(sum / cols + eps)`,
 /// ggml's order of operations.
 #[cube(launch_unchecked, create_dummy_kernel)]
-pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], rows: u32, cols: u32, eps: f32) {
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], rows: u32, cols: u32, eps: f32) {
     let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
     let row = cube * CUBE_DIM_X + UNIT_POS_X;
     if row < rows {
@@ -35,11 +35,11 @@ pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], rows: u32, cols: u32, eps: 
 /// `h = rms_norm(x_out, w)`: the new residual stream and the next sub-layer's normalised input
 /// (llama.cpp's `add` followed by `rms_norm` and `mul`, which its Vulkan backend fuses the same
 /// way). One unit per row; `x`, `o`, `x_out`, `h` `[rows, cols]` f32, `w_pre`, `w` `[cols]`
-/// f32. Each norm computes exactly as [`rms_norm`] does, so the result equals the unfused ops
+/// f32. Each norm computes exactly as [`rms_norm()`] does, so the result equals the unfused ops
 /// bit for bit.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
-pub fn add_rms_norm(
+pub(crate) fn add_rms_norm(
     x: &[f32],
     o: &[f32],
     w_pre: &[f32],
@@ -82,7 +82,7 @@ pub fn add_rms_norm(
 }
 
 /// RMSNorm of each row with its weight: `y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w`,
-/// [`rms_norm`]. `x`, `y`: `[rows, cols]` f32; `w`: `[cols]` f32.
+/// `rms_norm()`. `x`, `y`: `[rows, cols]` f32; `w`: `[cols]` f32.
 ///
 /// # Errors
 /// `cols` of 0, `rows * cols` past `u32::MAX`, or buffers shorter than the shapes.
@@ -137,7 +137,7 @@ pub fn launch_rms_norm(
     Ok(())
 }
 
-/// The residual step, [`add_rms_norm`]: `x_out = x + o'` (`o' = rms_norm(o, w_pre)`
+/// The residual step, `add_rms_norm()`: `x_out = x + o'` (`o' = rms_norm(o, w_pre)`
 /// when `w_pre` is given, else `o`) and `h = rms_norm(x_out, w)`. `x`, `o`, `x_out`, `h`:
 /// `[rows, cols]` f32; `w_pre`, `w`: `[cols]` f32 (pass any buffer as `w_pre` with
 /// `pre = false`: it is not read).

@@ -11,7 +11,7 @@ use cubecl::prelude::*;
 /// (the angles of token `t`'s pair `i`). With `neox` pair `i` is dimensions `(i, i + half)`
 /// (GPT-NeoX style: Qwen, Gemma), otherwise `(2i, 2i + 1)` (llama.cpp's normal style).
 #[cube(launch_unchecked, create_dummy_kernel)]
-pub fn rope(
+pub(crate) fn rope(
     x: &[f32],
     cos: &[f32],
     sin: &[f32],
@@ -44,7 +44,7 @@ pub fn rope(
 
 /// Rotary position embedding of `x` `[n, heads, 2 * half]` into `y` (same shape), pair `i` of
 /// token `t` rotated by the angle whose cosine and sine are `cos[t, i]` and `sin[t, i]`
-/// (`[n, half]` each), [`rope`]; `neox` pairs `(i, i + half)`, otherwise `(2i, 2i + 1)`.
+/// (`[n, half]` each), `rope()`; `neox` pairs `(i, i + half)`, otherwise `(2i, 2i + 1)`.
 /// All f32.
 ///
 /// # Errors

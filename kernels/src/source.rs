@@ -14,10 +14,20 @@ use gguf::GgmlType;
 pub enum Variant {
     /// Fused GEMV whose unrolled code holds `m_pass` activation rows
     /// ([`GemvConfig::pass_rows`]; it serves every `m` with that pass width).
-    Gemv { config: GemvConfig, m_pass: u32 },
+    Gemv {
+        /// The layout.
+        config: GemvConfig,
+        /// Activation rows of the unrolled pass.
+        m_pass: u32,
+    },
     /// The fused GEMV of a stacked gate/up projection with the gated activation as its
     /// epilogue ([`crate::launch_gemv_glu`]), GELU (SiLU differs in the activation alone).
-    GemvGlu { config: GemvConfig, m_pass: u32 },
+    GemvGlu {
+        /// The layout.
+        config: GemvConfig,
+        /// Activation rows of the unrolled pass.
+        m_pass: u32,
+    },
     /// Dequantize rows by id.
     DequantizeRows,
 }

@@ -36,7 +36,7 @@ fn before(av: f32, ai: u32, bv: f32, bi: u32) -> bool {
 /// get [`NO_ID`]. NaN and infinite values are never selected (as the host sampler drops them).
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
-pub fn top_k(
+pub(crate) fn top_k(
     values: &[f32],
     ids: &[u32],
     out_values: &mut [f32],
@@ -107,7 +107,7 @@ pub fn top_k(
 }
 
 /// The top `k` of each row of `values` `[rows, n]` f32, best first (larger value, then smaller
-/// index), into `out_values` `[rows, k]` f32 and `out_ids` `[rows, k]` u32: [`top_k`], one pass
+/// index), into `out_values` `[rows, k]` f32 and `out_ids` `[rows, k]` u32: `top_k()`, one pass
 /// for a row of at most [`TOP_K_CHUNK`] values, else two with scratch buffers of `rows *
 /// ceil(n / TOP_K_CHUNK) * k` values. NaN and infinite values are skipped; a row with fewer
 /// than `k` finite values ends in [`NO_ID`]s.
@@ -228,7 +228,7 @@ pub fn launch_top_k(
     Ok(())
 }
 
-/// The host's top `k` of one row, the order [`top_k`] reproduces: finite values only, larger
+/// The host's top `k` of one row, the order `top_k()` reproduces: finite values only, larger
 /// value first, then smaller index (-0 and 0 tie); fewer than `k` when the row has fewer finite values. The
 /// reference of the kernel's tests and the path of devices without the kernel.
 pub fn top_k_row(values: &[f32], k: usize) -> Vec<(f32, u32)> {

@@ -9,7 +9,7 @@
 //! the driver still see the text in every process (the driver keeps its own cache of the
 //! pipelines it builds).
 //!
-//! How: a launch through [`launch`] wraps the kernel in [`Cached`], whose
+//! How: a launch through `launch` wraps the kernel in [`Cached`], whose
 //! [`CubeKernel::source`] hands the server WGSL text ([`PrecompiledSource`]), read from the cache
 //! or generated with CubeCL's own WGSL compiler from the kernel's definition (what the server
 //! would have run) and written to it. Generated or read, the pipeline comes from the same text.
@@ -34,7 +34,7 @@
 //! A pipeline built from text has no IR behind it, so wgpu derives its bind-group layout from
 //! the shader, and that layout lists only the bindings the entry point reads or writes: every
 //! kernel launched through here must use each of its buffer arguments (see
-//! [`crate::gemv::keep_binding`]).
+//! `crate::gemv::keep_binding()`).
 use cubecl::hash::StableHasher;
 use cubecl::ir::UIntKind;
 use cubecl::prelude::*;

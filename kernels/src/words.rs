@@ -10,20 +10,20 @@ use cubecl::prelude::*;
 
 /// Byte `byte` of the stream, in the low 8 bits.
 #[cube]
-pub fn read_u8(w: &[u32], byte: u32) -> u32 {
+pub(crate) fn read_u8(w: &[u32], byte: u32) -> u32 {
     (w[(byte / 4) as usize] >> ((byte % 4) * 8)) & 0xFF
 }
 
 /// The little-endian u16 at an **even** byte offset, in the low 16 bits (never straddles a word).
 #[cube]
-pub fn read_u16(w: &[u32], byte: u32) -> u32 {
+pub(crate) fn read_u16(w: &[u32], byte: u32) -> u32 {
     (w[(byte / 4) as usize] >> ((byte % 4) * 8)) & 0xFFFF
 }
 
 /// The little-endian u32 at any byte offset (a funnel shift of two words; the stream's extra
 /// padding word keeps the second load in bounds).
 #[cube]
-pub fn read_u32(w: &[u32], byte: u32) -> u32 {
+pub(crate) fn read_u32(w: &[u32], byte: u32) -> u32 {
     let i = byte / 4;
     let s = (byte % 4) * 8;
     let lo = w[i as usize];
@@ -34,7 +34,7 @@ pub fn read_u32(w: &[u32], byte: u32) -> u32 {
 /// IEEE binary16 bits (low 16 bits of `h`) to f32 with integer operations only: zero,
 /// subnormals, infinities and NaN included.
 #[cube]
-pub fn f16_to_f32(h: u32) -> f32 {
+pub(crate) fn f16_to_f32(h: u32) -> f32 {
     let sign = (h & 0x8000) << 16;
     let exp = (h >> 10) & 0x1F;
     let mant = h & 0x3FF;
@@ -49,7 +49,7 @@ pub fn f16_to_f32(h: u32) -> f32 {
 
 /// bfloat16 bits (low 16 bits of `h`) to f32: the upper half of an f32.
 #[cube]
-pub fn bf16_to_f32(h: u32) -> f32 {
+pub(crate) fn bf16_to_f32(h: u32) -> f32 {
     f32::reinterpret(h << 16)
 }
 
@@ -57,13 +57,13 @@ pub fn bf16_to_f32(h: u32) -> f32 {
 /// back down with an arithmetic shift (two shifts and a conversion, where [`i8_to_f32`] of the
 /// masked byte takes four operations and a conversion).
 #[cube]
-pub fn byte_i8_to_f32(word: u32, j: u32) -> f32 {
+pub(crate) fn byte_i8_to_f32(word: u32, j: u32) -> f32 {
     let top = i32::cast_from(word << (24 - 8 * j));
     f32::cast_from(top >> 24i32)
 }
 
 /// A signed 8-bit integer in the low byte of `b`, as f32.
 #[cube]
-pub fn i8_to_f32(b: u32) -> f32 {
+pub(crate) fn i8_to_f32(b: u32) -> f32 {
     f32::cast_from(b ^ 0x80) - 128.0
 }

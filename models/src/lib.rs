@@ -1,6 +1,24 @@
-//! Model architectures over burn-gguf: one decoder skeleton for Gemma 3, Llama, Qwen3 and
-//! Qwen3-MoE, the tokenizer
-//! from GGUF metadata, sampling and generation with a KV cache.
+//! Model architectures over burn-gguf: one decoder skeleton ([`Decoder`]) for Gemma 3, Llama,
+//! Qwen3 and Qwen3-MoE, the tokenizer ([`GgufTokenizer`]) and chat template ([`ChatTemplate`])
+//! from GGUF metadata, sampling ([`Sampler`]), and generation with a KV cache on the device:
+//! one sequence ([`generate()`], [`Session`]) or several in one batched pass
+//! ([`Decoder::forward_batch`] over a [`BatchState`]).
+//!
+//! ```no_run
+//! use burn_gguf::{GgufConfig, GgufLoader};
+//! use burn_gguf_models::{Decoder, GgufTokenizer, Sampler, SamplerConfig, generate};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let file = gguf::GgufFile::open("model.gguf")?;
+//! let loader = GgufLoader::new(&file, &burn_gguf::default_device(), GgufConfig::default());
+//! let model = Decoder::load(&loader)?; // packed where a kernel fits; loader.report() says
+//! let tokenizer = GgufTokenizer::from_gguf(&file)?;
+//! let mut sampler = Sampler::new(SamplerConfig::default()); // greedy
+//! let out = generate(&model, &tokenizer, "Once upon a time", 32, &mut sampler, |piece| {
+//!     print!("{piece}")
+//! })?;
+//! println!("\n{:.1} tokens/s", out.timings.decode_tps());
+//! # Ok(()) }
+//! ```
 #![warn(missing_docs)]
 pub mod chat;
 pub mod decoder;

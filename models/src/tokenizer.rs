@@ -380,9 +380,9 @@ enum Fragment {
 impl GgufTokenizer {
     /// Builds the tokenizer from the `tokenizer.ggml.*` metadata of `file`.
     ///
-    /// Reads `tokenizer.ggml.model` (`llama` or `gpt2`), `tokens` (ARRAY[STRING]), `scores`
-    /// (ARRAY[FLOAT32], or ARRAY[INT32] as llama.cpp also accepts; optional, default 0),
-    /// `token_type` (ARRAY[INT32]; optional, default normal), `merges` (ARRAY[STRING], `gpt2`
+    /// Reads `tokenizer.ggml.model` (`llama` or `gpt2`), `tokens` (`ARRAY[STRING]`), `scores`
+    /// (`ARRAY[FLOAT32]`, or `ARRAY[INT32]` as llama.cpp also accepts; optional, default 0),
+    /// `token_type` (`ARRAY[INT32]`; optional, default normal), `merges` (`ARRAY[STRING]`, `gpt2`
     /// only), `pre`, the special-token ids and the `add_bos_token` / `add_eos_token` /
     /// `add_space_prefix` flags, with llama.cpp's defaults for absent keys.
     ///

@@ -11,7 +11,7 @@
 //!   variant the library selects for this device ([`GemvConfig::for_client`], what the model
 //!   runs), split by rows into buffers the device takes (128 MiB on lavapipe). `gbps` is weight
 //!   bytes / seconds (10^9 bytes per second; activations and outputs are not counted).
-//! - **read**: a plain read kernel ([`read_words`]) over the same weight buffers, as wide vectors
+//! - **read**: a plain read kernel ([`read_words()`]) over the same weight buffers, as wide vectors
 //!   of `u32` words, each unit writing one word (1/32 of the bytes read with 4-word vectors, not
 //!   counted): the bandwidth this device reaches on these bytes, measured in the same run.
 //!   `ratio_to_read` is GEMV GB/s over read GB/s (1.0: the GEMV reads its weights as fast as a
@@ -123,10 +123,29 @@ pub struct Options {
     /// in ../shared).
     #[arg(long, value_name = "PATH")]
     pub tiny: Option<PathBuf>,
+    /// The wgpu adapter to measure: an index or part of a name from `burn-gguf devices` (the
+    /// default adapter when absent). It becomes the process's default device, and that of the
+    /// fresh processes the first-token measurement starts.
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
     /// Only the decode measurements (kernels, host time and tokens/s per token, fresh-process
     /// first token, llama.cpp): no GEMV, prefill or end-to-end tables.
     #[arg(long)]
     pub decode_only: bool,
+}
+
+/// Makes the adapter `choice` names the default wgpu device of this process and of the processes
+/// it starts, through CubeCL's `CUBECL_WGPU_DEFAULT_DEVICE` (spelled as Burn's `DeviceKind`
+/// debug form, e.g. `DiscreteGpu(0)`). Called before any device exists, on the main thread.
+fn pin_default_device(choice: &str) -> Result<(), String> {
+    if choice.eq_ignore_ascii_case("cpu") {
+        return Err("--device cpu: the benchmark times CubeCL kernels; name a wgpu adapter".into());
+    }
+    let kind = burn_gguf::device::adapter_kind(choice).map_err(|e| e.to_string())?;
+    println!("device: {kind:?} (--device {choice})");
+    // SAFETY: the benchmark has started no thread yet; nothing reads the environment at once.
+    unsafe { std::env::set_var("CUBECL_WGPU_DEFAULT_DEVICE", format!("{kind:?}")) };
+    Ok(())
 }
 
 /// The GEMV variant `name` ([`GemvConfig`]'s `FromStr`: `own-r8-l8-plane`, `split-l8-r8-smem`, the
@@ -704,6 +723,9 @@ pub fn run(opts: &Options) -> Result<(), String> {
     }
     if let Some(t) = opts.types.iter().find(|t| !ggml_kernels::supports(**t)) {
         return Err(format!("no kernel for {t}"));
+    }
+    if let Some(choice) = &opts.device {
+        pin_default_device(choice)?;
     }
     let caches = cache_state();
     let (adapters, backend) = adapters();

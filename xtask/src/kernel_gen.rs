@@ -93,7 +93,7 @@ fn spirv_val(file: &Path) -> Option<Result<(), String>> {
 /// Writes one file per variant and target into `out/<target>/` and validates it; prints the
 /// variant list with sizes. Returns the number of variants that failed to compile, or whose
 /// WGSL failed validation.
-pub fn run(out: &Path, targets: &[Target], only: Option<GgmlType>) -> Result<usize, String> {
+pub fn run(out: &Path, targets: &[Target], only: &[GgmlType]) -> Result<usize, String> {
     let device = burn_gguf::default_device();
     let client =
         burn_gguf::cube_client(&device).ok_or("the default device is not a CubeCL device")?;
@@ -101,7 +101,7 @@ pub fn run(out: &Path, targets: &[Target], only: Option<GgmlType>) -> Result<usi
     let types: Vec<GgmlType> = GgmlType::all()
         .iter()
         .copied()
-        .filter(|t| ggml_kernels::supports(*t) && only.is_none_or(|o| o == *t))
+        .filter(|t| ggml_kernels::supports(*t) && (only.is_empty() || only.contains(t)))
         .collect();
     let (mut total, mut failed) = (0usize, 0usize);
     let mut spirv_rejected: Vec<String> = Vec::new();

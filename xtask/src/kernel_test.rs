@@ -266,7 +266,7 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
     Ok(failed)
 }
 
-/// The expert GEMV ([`ggml_kernels::moe::gemv_id`]) of every type on every split variant: a
+/// The expert GEMV ([`ggml_kernels::launch_gemv_id`]) of every type on every split variant: a
 /// merged gate/up bank of 5 experts of 2 x 7 rows (the up half: rows 7..14 of each), 3 tokens
 /// choosing 2 experts each with their tokens' inputs, and a down bank with an input per slot
 /// split into two buffers inside an expert.

@@ -40,9 +40,9 @@ enum Command {
         /// Output folder.
         #[arg(long)]
         out: std::path::PathBuf,
-        /// Only this ggml type (e.g. Q4_K).
+        /// Only these ggml types (repeatable: --type Q4_K --type Q8_0); every type when absent.
         #[arg(long = "type")]
-        ggml_type: Option<gguf::GgmlType>,
+        ggml_types: Vec<gguf::GgmlType>,
     },
     /// Run every kernel variant (ggml type x op x comptime parameters x activation rows) on the
     /// wgpu device against the CPU codec; prints a table and fails if any variant does.
@@ -85,10 +85,10 @@ fn main() -> ExitCode {
         Command::KernelGen {
             target,
             out,
-            ggml_type,
+            ggml_types,
         } => {
             let targets = target.map_or(ggml_kernels::source::Target::ALL.to_vec(), |t| vec![t]);
-            kernel_gen::run(&out, &targets, ggml_type).and_then(|failed| match failed {
+            kernel_gen::run(&out, &targets, &ggml_types).and_then(|failed| match failed {
                 0 => Ok(()),
                 n => Err(format!("{n} kernel variants failed to compile or validate")),
             })

@@ -1,6 +1,6 @@
 //! A Qwen3 written with Burn's own modules, its weights loaded from a GGUF file with
 //! `GgufStore`: once with `nn::Linear` projections (dequantized), once with packed
-//! `GgmlLinear` ones (loaded by name with `GgufLoader`). `tests/tests/store.rs` checks both
+//! `GgmlLinear` ones (loaded by name from the same store). `tests/tests/store.rs` checks both
 //! against the fixture's float64 reference logits.
 //!
 //!     cargo run -p burn-gguf --example custom_model -- ../shared/fixtures/gguf/tiny-qwen3-Q8_0.gguf
@@ -9,7 +9,8 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::store::{ModuleSnapshot, PyTorchToBurnAdapter};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_gguf::{GgmlLinear, GgufConfig, GgufLoader, GgufStore};
+use burn_gguf::{GgmlLinear, GgufConfig, GgufStore};
+use std::error::Error;
 
 /// Hyper-parameters read from the file (`qwen3.*` keys).
 pub struct Config {
@@ -175,29 +176,29 @@ impl<L: Proj> Qwen3<L> {
     }
 }
 
-type Loaded<L> = Result<(Config, Qwen3<L>), Box<dyn std::error::Error>>;
+type Loaded<L> = Result<(Config, Qwen3<L>), Box<dyn Error>>;
 
 /// The file's `qwen3.*` hyper-parameters and a model of them with Burn's `nn::Linear`
 /// projections, every weight loaded (dequantized) through `GgufStore`.
 pub fn load(path: &str, device: &Device) -> Loaded<Linear> {
-    load_with(path, device, |_, i, o| {
+    load_with(path, device, |_, _, i, o| {
         Ok(LinearConfig::new(i, o).with_bias(false).init(device))
     })
 }
 
-/// The same model with packed `GgmlLinear` projections, loaded by name with `GgufLoader` (the
-/// blocks stay quantized on a GPU; the CPU backend dequantizes them); the embedding and norms
-/// through `GgufStore` as in [`load`].
+/// The same model with packed `GgmlLinear` projections, loaded by name from the same store
+/// (`GgufStore::loader`: the blocks stay quantized on a GPU; the CPU backend dequantizes them),
+/// and the embedding and norms through `load_from` as in [`load`].
 pub fn load_packed(path: &str, device: &Device) -> Loaded<GgmlLinear> {
-    let file = GgufStore::from_file(path).file()?.clone();
-    let loader = GgufLoader::new(&file, device, GgufConfig::default());
-    load_with(path, device, |name, _, _| Ok(loader.linear(name)?))
+    load_with(path, device, |store, name, _, _| {
+        Ok(store.loader(device, GgufConfig::default())?.linear(name)?)
+    })
 }
 
 fn load_with<L: Proj>(
     path: &str,
     device: &Device,
-    proj: impl FnMut(&str, usize, usize) -> Result<L, Box<dyn std::error::Error>>,
+    mut proj: impl FnMut(&mut GgufStore, &str, usize, usize) -> Result<L, Box<dyn Error>>,
 ) -> Loaded<L> {
     let mut store = GgufStore::from_file(path)
         .with_key_remapping(r"^blk\.(\d+)\.", "layers.$1.")
@@ -218,14 +219,14 @@ fn load_with<L: Proj>(
         eps: f.get_f32("qwen3.attention.layer_norm_rms_epsilon")? as f64,
         rope_base: f.get_f32("qwen3.rope.freq_base")? as f64,
     };
-    let mut model = Qwen3::new(&c, device, proj)?;
+    let mut model = Qwen3::new(&c, device, |name, i, o| proj(&mut store, name, i, o))?;
     // Packed projections are not parameters: their tensors show as unused here.
     println!("{}", model.load_from(&mut store)?);
     Ok((c, model))
 }
 
 #[allow(dead_code)] // the tests include this file for `load` and `Qwen3`
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn Error>> {
     let path = std::env::args()
         .nth(1)
         .unwrap_or("../shared/fixtures/gguf/tiny-qwen3-Q8_0.gguf".into());

@@ -9,12 +9,30 @@
 //! reported, when no kernel fits. [`GgufStore`] loads a GGUF file into any Burn module through
 //! `burn-store` (`model.load_from(&mut store)`), dequantized. [`write::add_quantized`] goes the
 //! other way: a Burn tensor, quantized by the CPU codec, into a [`gguf::GgufWriter`].
+//! [`qfloat`] turns the ggml types Burn's own quantization holds losslessly (Q8_0, Q4_0, MXFP4)
+//! into Burn `QFloat` tensors; [`select_device`] picks a wgpu adapter or the CPU backend.
+//!
+//! ```no_run
+//! use burn::tensor::Tensor;
+//! use burn_gguf::{GgufConfig, GgufLoader};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let file = gguf::GgufFile::open("model.gguf")?;
+//! let device = burn_gguf::select_device(None)?; // the default wgpu adapter
+//! let loader = GgufLoader::new(&file, &device, GgufConfig::default());
+//! let attn_q = loader.linear("blk.0.attn_q.weight")?; // the file's blocks, on the device
+//! let x = Tensor::<2>::ones([1, 640], &device); // [tokens, in]
+//! let y = attn_q.forward(x); // fused dequantize + GEMV: [tokens, out]
+//! println!("{:?}\n{}", y.dims(), loader.report());
+//! # Ok(()) }
+//! ```
 #![warn(missing_docs)]
 pub mod attention;
+pub mod device;
 pub mod loader;
 pub mod moe;
 pub mod nn;
 pub mod ops;
+pub mod qfloat;
 pub mod sampling;
 pub mod store;
 pub mod tensor;
@@ -23,6 +41,7 @@ pub mod write;
 pub use attention::{
     AttentionShape, CacheRows, QkNorm, QkRopeShape, RopeTable, attention, qk_rope_cache,
 };
+pub use device::{Adapter, adapters, select_device};
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
 pub use moe::{ExpertRows, GgmlExperts, moe_route};
 pub use nn::{
@@ -62,6 +81,9 @@ pub enum Error {
     /// Shapes that do not fit.
     #[error("{0}")]
     Shape(String),
+    /// A device choice names no usable device ([`select_device`]).
+    #[error("{0}")]
+    Device(String),
 }
 
 /// The CubeCL compute client behind a Burn device, if it is a CubeCL one.

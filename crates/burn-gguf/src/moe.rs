@@ -14,7 +14,7 @@ use ggml_kernels::moe::{GemvIdShape, route_row};
 /// `[n, n_expert]` f32 -> (`weights` `[n, k]` f32, `ids` `[n, k]` u32), the softmax's `k`
 /// largest probabilities in decreasing order (equal ones by increasing expert id), divided by
 /// their sum when `norm` (llama.cpp's `norm_w`). One kernel on a CubeCL device
-/// ([`ggml_kernels::moe::moe_route`]); elsewhere on the host
+/// ([`ggml_kernels::launch_moe_route`]); elsewhere on the host
 /// ([`ggml_kernels::moe::route_row`]).
 ///
 /// # Panics
@@ -110,7 +110,7 @@ const DENSE_GATHER_BYTES: usize = 256 << 20;
 
 impl DenseWeight {
     /// [`GgmlTensor::matmul_id`] of a dequantized bank with Burn ops: each slot's rows gathered
-    /// (`[slots, rows, cols]`, in passes of at most [`DENSE_GATHER_BYTES`] of f32 rows) and
+    /// (`[slots, rows, cols]`, in passes of at most 256 MiB of f32 rows) and
     /// multiplied by its input.
     pub fn matmul_id(
         &self,

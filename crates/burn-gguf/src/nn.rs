@@ -13,7 +13,7 @@ use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 
 /// RMSNorm over the last dimension, `x / sqrt(mean(x^2) + eps) * w`: `x` `[..., d]` f32 and
 /// `w` `[d]` f32 give the shape of `x`, in f32 (activations and the residual stream stay f32,
-/// case C21). On a CubeCL device it is one kernel ([`ggml_kernels::norm::rms_norm`], llama.cpp's
+/// case C21). On a CubeCL device it is one kernel ([`ggml_kernels::launch_rms_norm`], llama.cpp's
 /// `rms_norm` and `mul` fused); on other devices, Burn ops.
 ///
 /// # Panics
@@ -52,7 +52,7 @@ pub enum RopeStyle {
 /// Rotary position embedding: `x` `[n, heads, d]` f32, each pair `i` of token `t`'s heads
 /// rotated by the angle whose cosine and sine are `cos[t, i]` and `sin[t, i]` (`[n, d/2]` f32
 /// each): `(x1 cos - x2 sin, x1 sin + x2 cos)`, the pairs as `style` says. The shape of `x`.
-/// On a CubeCL device one kernel ([`ggml_kernels::rope::rope`]); elsewhere Burn ops.
+/// On a CubeCL device one kernel ([`ggml_kernels::launch_rope`]); elsewhere Burn ops.
 ///
 /// # Panics
 /// If the tables are not `[n, d/2]` (a programming error in the caller's shapes).
@@ -107,7 +107,7 @@ pub enum Activation {
 /// A gated feed-forward activation, `act(gate) * up` elementwise (llama.cpp `ggml_swiglu`,
 /// `ggml_geglu`): f32 tensors of one shape give that shape. With [`Activation::GeluTanh`],
 /// `act(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`. On a CubeCL device one kernel
-/// ([`ggml_kernels::glu::glu`]); elsewhere Burn ops.
+/// ([`ggml_kernels::launch_glu`]); elsewhere Burn ops.
 ///
 /// # Panics
 /// If `gate` and `up` differ in shape (a programming error in the caller's shapes).
@@ -136,7 +136,7 @@ pub fn gated<const D: usize>(gate: Tensor<D>, up: Tensor<D>, act: Activation) ->
 /// `act(gate) * up` of a stacked gate/up projection: `gate_up` `[n, 2 * width]` f32, the gate
 /// in the first `width` columns and up in the rest (one GEMV of [`crate::GgufLoader::stacked_linear`]
 /// over `ffn_gate` and `ffn_up`) -> `[n, width]`. On a CubeCL device one kernel
-/// ([`ggml_kernels::glu::glu`]); elsewhere [`gated`] over the two halves.
+/// ([`ggml_kernels::launch_glu`]); elsewhere [`gated`] over the two halves.
 ///
 /// # Panics
 /// If the row length is odd (a programming error in the caller's shapes).
@@ -158,7 +158,7 @@ pub fn gated_stacked(gate_up: Tensor<2>, act: Activation) -> Tensor<2> {
 /// when `pre` is given (Gemma's post-attention / post-FFN norm) or `o' = o`, and
 /// `h = rms_norm(x_out, w)`, the next sub-layer's input. `x`, `o` `[n, d]` f32, `pre`, `w`
 /// `[d]` f32; returns `(x_out, h)`, `[n, d]` each. On a CubeCL device one kernel
-/// ([`ggml_kernels::norm::add_rms_norm`], equal to the unfused ops bit for bit); elsewhere
+/// ([`ggml_kernels::launch_add_rms_norm`], equal to the unfused ops bit for bit); elsewhere
 /// Burn ops.
 ///
 /// # Panics

@@ -68,12 +68,12 @@ pub trait GgmlOps: burn::backend::Backend {
     ) -> FloatTensor<Self>;
 
     /// RMSNorm over the last dimension with its weight, one kernel
-    /// ([`ggml_kernels::norm::rms_norm`]): `x` `[..., cols]` f32, `w` `[cols]` f32 ->
+    /// ([`ggml_kernels::launch_rms_norm`]): `x` `[..., cols]` f32, `w` `[cols]` f32 ->
     /// `x / sqrt(mean(x^2) + eps) * w`, the shape of `x`.
     #[fusion(dtype = x, shape = x)]
     fn ggml_rms_norm(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f32) -> FloatTensor<Self>;
 
-    /// Rotary position embedding, one kernel ([`ggml_kernels::rope::rope`]): `x`
+    /// Rotary position embedding, one kernel ([`ggml_kernels::launch_rope`]): `x`
     /// `[n, heads, head_dim]` f32, `cos` and `sin` `[n, head_dim / 2]` f32 (token `t`'s angles)
     /// -> the shape of `x`; `neox` rotates dimensions `(i, i + head_dim / 2)`, otherwise
     /// `(2i, 2i + 1)`.
@@ -85,7 +85,7 @@ pub trait GgmlOps: burn::backend::Backend {
         neox: bool,
     ) -> FloatTensor<Self>;
 
-    /// `act(gate) * up` elementwise, one kernel ([`ggml_kernels::glu::glu`]): ggml's GELU (tanh
+    /// `act(gate) * up` elementwise, one kernel ([`ggml_kernels::launch_glu`]): ggml's GELU (tanh
     /// approximation) with `gelu`, SiLU otherwise; f32 tensors of one shape -> that shape.
     #[fusion(dtype = gate, shape = gate)]
     fn ggml_glu(gate: FloatTensor<Self>, up: FloatTensor<Self>, gelu: bool) -> FloatTensor<Self>;
@@ -98,7 +98,7 @@ pub trait GgmlOps: burn::backend::Backend {
     })]
     fn ggml_glu_stacked(gate_up: FloatTensor<Self>, gelu: bool) -> FloatTensor<Self>;
 
-    /// The residual step, one kernel ([`ggml_kernels::norm::add_rms_norm`]): `x`, `o`
+    /// The residual step, one kernel ([`ggml_kernels::launch_add_rms_norm`]): `x`, `o`
     /// `[rows, cols]` f32, `w_pre`, `w` `[cols]` f32 -> `(x + o', rms_norm(x + o', w))` with
     /// `o' = rms_norm(o, w_pre)` when `pre`, else `o` (`w_pre` unread), both `[rows, cols]`.
     #[fusion(meta = |x: &burn::backend::fusion::custom::TensorSpec, _o, _w_pre, _w, _eps, _pre| (x.clone(), x.clone()))]
@@ -111,7 +111,7 @@ pub trait GgmlOps: burn::backend::Backend {
         pre: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
-    /// One step's heads into the KV cache, one kernel ([`ggml_kernels::kv_cache::qk_rope_cache`]):
+    /// One step's heads into the KV cache, one kernel ([`ggml_kernels::launch_qk_rope_cache`]):
     /// `qk` `[n, qk_stride]` and `v` `[n, v_stride]` f32 (the projections, as `layout` places the
     /// heads), `q_norm`, `k_norm` `[head_dim]` (read when `norm_eps` is set), `cos`, `sin`
     /// `[positions, head_dim / 2]`, `rows` `[n * 2]` u32 (each token's cache slot and
@@ -145,7 +145,7 @@ pub trait GgmlOps: burn::backend::Backend {
 
     /// Causal grouped-query attention over the KV cache, one kernel (two past
     /// [`ggml_kernels::attention::ATTENTION_SPLIT`] visible keys;
-    /// [`ggml_kernels::attention::attention`]): `q` `[n, n_head, head_dim]`, caches
+    /// [`ggml_kernels::launch_attention`]): `q` `[n, n_head, head_dim]`, caches
     /// `[slots * n_head_kv, capacity, head_dim]` f32, `rows` `[n * 2]` u32 (each query row's
     /// cache slot and position) -> `[n, n_head * head_dim]`.
     #[fusion(dtype = q, shape = burn::tensor::Shape::new([layout.n, layout.n_head * layout.head_dim]))]
@@ -172,7 +172,7 @@ pub trait GgmlOps: burn::backend::Backend {
     })]
     fn ggml_top_k(x: FloatTensor<Self>, k: usize) -> (FloatTensor<Self>, IntTensor<Self>);
 
-    /// MoE routing, one kernel ([`ggml_kernels::moe::moe_route`]): router logits `[n, n_expert]`
+    /// MoE routing, one kernel ([`ggml_kernels::launch_moe_route`]): router logits `[n, n_expert]`
     /// f32 -> each token's `k` experts' weights `[n, k]` f32 and ids `[n, k]` u32 (the
     /// softmax's `k` largest probabilities, best first; divided by their sum when `norm`).
     #[fusion(meta = |logits: &burn::backend::fusion::custom::TensorSpec, k: &usize, _norm| {
@@ -190,7 +190,7 @@ pub trait GgmlOps: burn::backend::Backend {
     ) -> (FloatTensor<Self>, IntTensor<Self>);
 
     /// The expert GEMV over one part of a bank of experts stacked by rows, one kernel
-    /// ([`ggml_kernels::moe::gemv_id`], llama.cpp's `mul_mat_id`): `w` holds the bank's rows
+    /// ([`ggml_kernels::launch_gemv_id`], llama.cpp's `mul_mat_id`): `w` holds the bank's rows
     /// `shape.row_start..+shape.part_rows`, `x` `[ceil(slots / x_div), cols]` f32, `ids`
     /// `[slots]` u32 expert ids -> `[slots, rows]` f32, zero for rows in other parts.
     #[fusion(dtype = x, shape = burn::tensor::Shape::new([shape.slots, shape.rows]))]

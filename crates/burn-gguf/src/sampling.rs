@@ -10,7 +10,7 @@ pub use ggml_kernels::top_k::{NO_ID, TOP_K_MAX, top_k_row};
 /// The `k` largest values of each row of `logits` `[rows, n]` f32 and their columns, best first
 /// (larger value, then smaller column): `([rows, k]` f32, `[rows, k]` Int`)`. NaN and infinite
 /// values are skipped; a row with fewer than `k` finite values ends in [`NO_ID`] columns. On a
-/// CubeCL device one or two kernels ([`ggml_kernels::top_k::top_k`]), so a sampler reads back
+/// CubeCL device one or two kernels ([`ggml_kernels::launch_top_k`]), so a sampler reads back
 /// `k` pairs instead of the row; elsewhere on the host ([`ggml_kernels::top_k::top_k_row`]).
 ///
 /// # Panics

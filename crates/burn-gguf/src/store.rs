@@ -24,8 +24,10 @@
 //! [`GgufStore::file`].
 //!
 //! Packed modules ([`crate::GgmlLinear`], [`crate::GgmlEmbedding`], [`crate::moe::GgmlExperts`])
-//! keep the blocks quantized and load through [`crate::GgufLoader`] by tensor name; a model may
-//! hold both kinds, loading the packed fields with the loader and the rest with this store.
+//! keep the blocks quantized: they are not Burn parameters, so they load by tensor name from the
+//! same store through [`GgufStore::loader`]. A model may hold both kinds: build it with its
+//! packed fields from the loader, then `load_from` the store for the rest (the packed tensors
+//! show as unused in the [`ApplyResult`]).
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -79,6 +81,7 @@ pub struct GgufStore {
     validate: bool,
     allow_partial: bool,
     skip_enum_variants: bool,
+    native: Option<burn::tensor::Device>,
     cache: Option<BTreeMap<String, PackTensor>>,
 }
 
@@ -95,6 +98,7 @@ impl GgufStore {
             validate: true,
             allow_partial: false,
             skip_enum_variants: false,
+            native: None,
             cache: None,
         }
     }
@@ -193,12 +197,39 @@ impl GgufStore {
         self
     }
 
+    /// Keeps the tensors of the ggml types that one of Burn's quantization schemes holds without
+    /// loss (Q8_0, Q4_0, MXFP4) quantized, as Burn `QFloat` tensors for `device`
+    /// ([`crate::qfloat`]), instead of dequantizing them: Burn's own quantized ops run them, at
+    /// the file's size. They keep the file's `[out, in]` layout (an `nn::Linear` takes them
+    /// with `LinearLayout::Col`; `PyTorchToBurnAdapter` leaves quantized tensors as they are).
+    pub fn keep_quantized(mut self, device: &burn::tensor::Device) -> Self {
+        self.native = Some(device.clone());
+        self.cache = None;
+        self
+    }
+
+    /// A [`crate::GgufLoader`] over this store's file, for packed modules by tensor name
+    /// (`loader.linear("blk.0.attn_q.weight")`, `embedding`, `experts`, and the
+    /// [`crate::LoadReport`] of what was packed). Names are the file's: the store's key
+    /// remapping does not apply. Drop the loader before `load_from(&mut store)`.
+    ///
+    /// # Errors
+    /// [`GgufStoreError::Open`] when the file cannot be opened or parsed.
+    pub fn loader(
+        &mut self,
+        device: &burn::tensor::Device,
+        config: crate::GgufConfig,
+    ) -> Result<crate::GgufLoader<'_>, GgufStoreError> {
+        let file: &GgufFile = self.file()?;
+        Ok(crate::GgufLoader::new(file, device, config))
+    }
+
     fn ensure_cache(&mut self) -> Result<&BTreeMap<String, PackTensor>, GgufStoreError> {
         if self.cache.is_none() {
             let file = self.file()?.clone();
             let mut tensors = Vec::with_capacity(file.tensors().len());
             for info in file.tensors() {
-                tensors.push(lazy_tensor(&file, info)?);
+                tensors.push(lazy_tensor(&file, info, self.native.as_ref())?);
             }
             if !self.remapper.is_empty() {
                 tensors = self.remapper.remap(tensors).0;
@@ -210,12 +241,43 @@ impl GgufStore {
 }
 
 /// The tensor `info` of `file`, its data produced when the applier reads it: F32, F16 and BF16
-/// as stored, other types dequantized to f32.
-fn lazy_tensor(file: &Arc<GgufFile>, info: &TensorInfo) -> Result<PackTensor, GgufStoreError> {
+/// as stored, the types [`crate::qfloat`] maps as Burn `QFloat` data for `native`'s device when
+/// it is given, other types dequantized to f32.
+fn lazy_tensor(
+    file: &Arc<GgufFile>,
+    info: &TensorInfo,
+    native: Option<&burn::tensor::Device>,
+) -> Result<PackTensor, GgufStoreError> {
     let err = |reason: String| GgufStoreError::Tensor {
         name: info.name.clone(),
         reason,
     };
+    if let Some(device) = native.filter(|_| crate::qfloat::maps(info.ggml_type)) {
+        let bytes = file.tensor_data(info);
+        let (file, name, ty, shape, device) = (
+            file.clone(),
+            info.name.clone(),
+            info.ggml_type,
+            info.shape(),
+            device.clone(),
+        );
+        let scheme = crate::qfloat::qfloat_scheme(ty, &device, crate::qfloat::e_max(ty, bytes))
+            .expect("a mapped type");
+        let provider = move || -> Result<TensorData, PackError> {
+            let info = file
+                .tensor(&name)
+                .ok_or_else(|| PackError::ValidationError(format!("tensor '{name}' vanished")))?;
+            crate::qfloat::to_qfloat(ty, file.tensor_data(info), &shape, &device)
+                .map_err(|e| PackError::ValidationError(format!("tensor '{name}': {e}")))
+        };
+        return Ok(burn::store::bridge::deferred(
+            info.name.clone(),
+            DType::QFloat(scheme),
+            info.shape().into(),
+            None,
+            provider,
+        ));
+    }
     let dtype = match info.ggml_type {
         GgmlType::F32 => DType::F32,
         GgmlType::F16 => DType::F16,

@@ -15,6 +15,8 @@ pub struct ChatOptions {
     pub sampler: SamplerConfig,
     /// Dequantize every weight at load.
     pub dequantize: bool,
+    /// The device, as [`crate::run::RunOptions::device`].
+    pub device: Option<String>,
 }
 
 /// Runs a conversation: each line of `input` is a user message; each reply streams to
@@ -35,7 +37,7 @@ pub fn chat(
         tokenizer,
         model,
         ..
-    } = load(model_path, opts.dequantize, false)?;
+    } = load(model_path, opts.device.as_deref(), opts.dequantize, false)?;
     let template = ChatTemplate::from_gguf(&file, &tokenizer).map_err(|e| e.to_string())?;
     if template.is_builtin() {
         eprintln!("the file has no tokenizer.chat_template: using a built-in one");

@@ -1,6 +1,7 @@
 //! `burn-gguf`: run llama.cpp GGUF models on Burn through wgpu.
 use burn_gguf_cli::fetch;
 use burn_gguf_cli::run::{RunOptions, run};
+use burn_gguf_cli::serve::models::resolve_one;
 use burn_gguf_models::SamplerConfig;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -48,7 +49,8 @@ impl From<Sampling> for SamplerConfig {
 enum Command {
     /// Generate text from a prompt.
     Run {
-        /// A GGUF file, or a known model name (fetched into the cache on first use): gemma3-270m.
+        /// A GGUF file, a Hugging Face `org/repo:file.gguf` (hub cache, else downloaded), or a
+        /// known model name fetched into the cache on first use (gemma3-270m).
         #[arg(short, long)]
         model: String,
         /// The prompt.
@@ -65,11 +67,16 @@ enum Command {
         /// Dequantize all weights at load (no packed kernels).
         #[arg(long)]
         dequantize: bool,
+        /// Device: an index or part of a name from `burn-gguf devices`, or `cpu` (Burn's CPU
+        /// backend, every weight dequantized); the default wgpu adapter when absent.
+        #[arg(long)]
+        device: Option<String>,
     },
     /// Chat with a model: each line of standard input is a user message, each reply is printed
     /// (the file's chat template; the history's KV cache is reused). `/exit` or end of input ends.
     Chat {
-        /// A GGUF file, or a known model name (fetched into the cache on first use).
+        /// A GGUF file, a Hugging Face `org/repo:file.gguf` (hub cache, else downloaded), or a
+        /// known model name fetched into the cache on first use (gemma3-270m).
         #[arg(short, long)]
         model: String,
         /// A system message.
@@ -83,6 +90,10 @@ enum Command {
         /// Dequantize all weights at load (no packed kernels).
         #[arg(long)]
         dequantize: bool,
+        /// Device: an index or part of a name from `burn-gguf devices`, or `cpu` (Burn's CPU
+        /// backend, every weight dequantized); the default wgpu adapter when absent.
+        #[arg(long)]
+        device: Option<String>,
     },
     /// Show a GGUF file: header, metadata, tensors, type histogram; or one tensor's values.
     Inspect {
@@ -99,11 +110,32 @@ enum Command {
     /// /v1/completions, /v1/models, /health). Ctrl-C or SIGTERM finishes running requests and
     /// exits.
     Serve(burn_gguf_cli::serve::ServeOptions),
+    /// List the wgpu adapters `--device` can name (index, name, type, graphics API, driver).
+    Devices,
     /// Download a known model into the cache and print its path.
     Fetch {
         /// Model name: gemma3-270m.
         name: String,
     },
+}
+
+/// Prints every wgpu adapter, then the CPU choice.
+fn list_devices() {
+    let adapters = burn_gguf::adapters();
+    if adapters.is_empty() {
+        println!("no wgpu adapter found (install a Vulkan driver: mesa-vulkan-drivers)");
+    }
+    for a in &adapters {
+        let kind = a
+            .kind
+            .as_ref()
+            .map_or("not addressable".to_string(), |k| format!("{k:?}"));
+        println!(
+            "{}: {} ({}, {}, driver {}; Burn DeviceKind {kind})",
+            a.index, a.name, a.device_type, a.backend, a.driver
+        );
+    }
+    println!("cpu: Burn's CPU backend (burn-flex; every weight dequantized at load)");
 }
 
 fn main() -> ExitCode {
@@ -123,43 +155,46 @@ fn main() -> ExitCode {
             sampling,
             json,
             dequantize,
-        } => fetch::resolve_model(&model)
-            .map_err(|e| e.to_string())
-            .and_then(|path| {
-                let opts = RunOptions {
-                    prompt,
-                    max_new: n_predict,
-                    sampler: sampling.into(),
-                    dequantize,
-                    json,
-                    progress: !json,
-                };
-                run(&path, &opts)
-            }),
+            device,
+        } => resolve_one(&model).and_then(|path| {
+            let opts = RunOptions {
+                prompt,
+                max_new: n_predict,
+                sampler: sampling.into(),
+                dequantize,
+                json,
+                progress: !json,
+                device,
+            };
+            run(&path, &opts)
+        }),
         Command::Chat {
             model,
             system,
             n_predict,
             sampling,
             dequantize,
-        } => fetch::resolve_model(&model)
-            .map_err(|e| e.to_string())
-            .and_then(|path| {
-                let opts = burn_gguf_cli::chat::ChatOptions {
-                    system,
-                    max_new: n_predict,
-                    sampler: sampling.into(),
-                    dequantize,
-                };
-                burn_gguf_cli::chat::chat(&path, &opts, std::io::stdin().lock(), std::io::stdout())
-            }),
+            device,
+        } => resolve_one(&model).and_then(|path| {
+            let opts = burn_gguf_cli::chat::ChatOptions {
+                system,
+                max_new: n_predict,
+                sampler: sampling.into(),
+                dequantize,
+                device,
+            };
+            burn_gguf_cli::chat::chat(&path, &opts, std::io::stdin().lock(), std::io::stdout())
+        }),
         Command::Inspect {
             file,
             tensor,
             device,
-        } => fetch::resolve_model(&file)
-            .map_err(|e| e.to_string())
+        } => resolve_one(&file)
             .and_then(|path| burn_gguf_cli::inspect::run(&path, tensor.as_deref(), device)),
+        Command::Devices => {
+            list_devices();
+            Ok(())
+        }
         Command::Serve(opts) => burn_gguf_cli::serve::serve(&opts),
         Command::Fetch { name } => fetch::ensure_model(&name)
             .map(|p| println!("{}", p.display()))

@@ -21,6 +21,9 @@ pub struct RunOptions {
     pub json: bool,
     /// Show a progress bar while loading.
     pub progress: bool,
+    /// The device ([`burn_gguf::select_device`]'s choice: `None` for the default adapter, an
+    /// index or name from `burn-gguf devices`, or `cpu`).
+    pub device: Option<String>,
 }
 
 /// A model loaded for generation.
@@ -29,25 +32,30 @@ pub struct Loaded {
     pub file: gguf::GgufFile,
     /// Its tokenizer.
     pub tokenizer: GgufTokenizer,
-    /// Its model on the default device.
+    /// Its model, on the chosen device.
     pub model: Decoder,
     /// Seconds spent loading.
     pub load_s: f64,
 }
 
-/// Opens `model_path` and loads its tokenizer and model onto the default device (packed, or
-/// dequantized with `dequantize`), with a progress bar on stderr when `progress`; prints the
+/// Opens `model_path` and loads its tokenizer and model onto `device` (a
+/// [`burn_gguf::select_device`] choice; packed, or dequantized with `dequantize`), with a progress bar on stderr when `progress`; prints the
 /// load report to stderr. On a software device the calling thread, which is to generate, and
 /// Burn fusion's service thread then run at a lower priority ([`crate::host`]).
 ///
 /// # Errors
 /// Any file, model, tokenizer or device error, as a message.
-pub fn load(model_path: &Path, dequantize: bool, progress: bool) -> Result<Loaded, String> {
+pub fn load(
+    model_path: &Path,
+    device: Option<&str>,
+    dequantize: bool,
+    progress: bool,
+) -> Result<Loaded, String> {
     let t0 = Instant::now();
     let file =
         gguf::GgufFile::open(model_path).map_err(|e| format!("{}: {e}", model_path.display()))?;
     let tokenizer = GgufTokenizer::from_gguf(&file).map_err(|e| e.to_string())?;
-    let device = burn_gguf::default_device();
+    let device = burn_gguf::select_device(device).map_err(|e| e.to_string())?;
     let mem0 = burn_gguf::device_memory_in_use(&device).unwrap_or(0);
     let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
     let bar = if progress {
@@ -114,7 +122,12 @@ pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
         model,
         load_s,
         ..
-    } = load(model_path, opts.dequantize, opts.progress)?;
+    } = load(
+        model_path,
+        opts.device.as_deref(),
+        opts.dequantize,
+        opts.progress,
+    )?;
 
     let mut sampler = Sampler::new(opts.sampler.clone());
     let json = opts.json;

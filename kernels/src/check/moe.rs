@@ -1,6 +1,6 @@
-//! The MoE kernels against host references: [`crate::moe::moe_route`] against
+//! The MoE kernels against host references: `crate::moe::moe_route()` against
 //! [`crate::moe::route_row`] (ids exactly, weights within [`ROUTE_TOL`]), and
-//! [`crate::moe::gemv_id`] against f64 dot products of the dequantized bank (each slot's rows
+//! `crate::moe::gemv_id()` against f64 dot products of the dequantized bank (each slot's rows
 //! against its expert's, the GEMV's bound [`super::GEMV_TOL`]).
 use super::{gemv_error_of, rand_f32, read_f32, worse};
 use crate::moe::{GemvIdShape, launch_gemv_id, launch_moe_route, route_row};
@@ -80,7 +80,7 @@ pub fn route_error(
     Ok(worst)
 }
 
-/// A [`crate::moe::gemv_id`] case over a bank of `n_expert` experts of `expert_rows` rows of
+/// A `crate::moe::gemv_id()` case over a bank of `n_expert` experts of `expert_rows` rows of
 /// `cols` values (`bytes`, `reference` its dequantized values): `tokens` tokens with `k` slots
 /// each, the rows `row_offset..row_offset + rows` of each expert, the bank split into two
 /// parts at `split` rows (inside an expert).

@@ -29,7 +29,7 @@ pub(super) fn batched_decode(
     streams: usize,
     steps: usize,
 ) -> Result<Value, String> {
-    let loaded = burn_gguf_cli::run::load(path, false, false)?;
+    let loaded = burn_gguf_cli::run::load(path, None, false, false)?;
     let (model, tokenizer) = (&loaded.model, &loaded.tokenizer);
     let prompts: Vec<Vec<u32>> = (0..streams)
         .map(|i| tokenizer.encode(&prompt(i), true))

@@ -93,7 +93,7 @@ pub(super) fn decode_costs(
     rounds: usize,
     floor_s: f64,
 ) -> Result<Value, String> {
-    let loaded = burn_gguf_cli::run::load(path, false, false)?;
+    let loaded = burn_gguf_cli::run::load(path, None, false, false)?;
     let (model, tokenizer) = (&loaded.model, &loaded.tokenizer);
     let greedy = SamplerConfig::default();
     let mut sampler = Sampler::new(greedy.clone());
@@ -227,7 +227,7 @@ fn fresh_first_tokens(label: &str, path: &Path) -> Result<Value, String> {
 /// token and prints one JSON line (then exits without tearing anything down).
 pub fn first_token_child(path: &Path) -> Result<(), String> {
     let t = Instant::now();
-    let loaded = burn_gguf_cli::run::load(path, false, false)?;
+    let loaded = burn_gguf_cli::run::load(path, None, false, false)?;
     let load_s = t.elapsed().as_secs_f64();
     let ids = loaded
         .tokenizer

@@ -63,7 +63,7 @@ fn generate_timed(path: &Path, quick: bool) -> Result<Value, String> {
         (LONG_PROMPT, 8, 64)
     };
     println!("end to end: {}", path.display());
-    let loaded = burn_gguf_cli::run::load(path, false, false)?;
+    let loaded = burn_gguf_cli::run::load(path, None, false, false)?;
     let greedy = SamplerConfig::default();
     let mut runs = Vec::new();
     for (label, n) in [("cold", cold_n), ("warm", warm_n)] {

@@ -133,14 +133,15 @@ pub struct ModelHandle {
     pub thread: std::thread::JoinHandle<()>,
 }
 
-/// Starts the worker thread of the model at `path`: it loads the model on the default device
-/// (packed, or dequantized with `dequantize`) and then serves jobs, up to `slots` sequences at
+/// Starts the worker thread of the model at `path`: it loads the model on `device` (a
+/// [`burn_gguf::select_device`] choice; packed, or dequantized with `dequantize`) and then serves jobs, up to `slots` sequences at
 /// once (the server's `--max-concurrent`). Returns once the model is loaded.
 ///
 /// # Errors
 /// A load error as a message (the thread has ended then).
 pub fn start(
     path: PathBuf,
+    device: Option<String>,
     dequantize: bool,
     ctx_cap: usize,
     slots: usize,
@@ -156,7 +157,7 @@ pub fn start(
             path.file_name().unwrap_or_default().to_string_lossy()
         ))
         .spawn(move || {
-            let loaded = match crate::run::load(&path, dequantize, false) {
+            let loaded = match crate::run::load(&path, device.as_deref(), dequantize, false) {
                 Ok(l) => l,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));

@@ -72,6 +72,10 @@ pub struct ServeOptions {
     /// Dequantize all weights at load (no packed kernels).
     #[arg(long)]
     pub dequantize: bool,
+    /// Device: an index or part of a name from `burn-gguf devices`, or `cpu` (Burn's CPU
+    /// backend, every weight dequantized); the default wgpu adapter when absent.
+    #[arg(long)]
+    pub device: Option<String>,
 }
 
 /// A served model.
@@ -103,56 +107,115 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+impl Default for ServeOptions {
+    /// The command line's defaults, with no model: push paths or names onto `models`.
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            opts: ServeOptions,
+        }
+        let mut line = <Line as clap::Parser>::try_parse_from(["serve", "-m", ""])
+            .expect("ServeOptions' defaults parse");
+        line.opts.models.clear();
+        line.opts
+    }
+}
+
+/// The server as a library: every model loaded on its worker thread, and the HTTP routes to
+/// mount in any axum app ([`Server::router`]). [`serve`] is this plus a listener and signals.
+pub struct Server {
+    state: Shared,
+}
+
+impl Server {
+    /// Resolves and loads every model of `opts` (each on its own worker thread), printing each
+    /// to stderr as it loads.
+    ///
+    /// # Errors
+    /// No model, `max_concurrent` of 0, a model that does not resolve or load, or a duplicate
+    /// model id, as a message.
+    pub fn load(opts: &ServeOptions) -> Result<Self, String> {
+        if opts.models.is_empty() {
+            return Err("serve needs at least one -m MODEL".into());
+        }
+        if opts.max_concurrent == 0 {
+            return Err("--max-concurrent must be at least 1".into());
+        }
+        let mut sources = Vec::new();
+        for spec in &opts.models {
+            sources.extend(models::resolve(spec)?);
+        }
+        let metrics = Arc::new(Metrics::new());
+        let mut served: Vec<Served> = Vec::new();
+        for s in sources {
+            if served.iter().any(|m| m.id == s.id) {
+                return Err(format!("two models are named '{}'", s.id));
+            }
+            eprintln!("loading '{}' from {}", s.id, s.path.display());
+            let handle = engine::start(
+                s.path.clone(),
+                opts.device.clone(),
+                opts.dequantize,
+                opts.ctx_size,
+                opts.max_concurrent,
+                metrics.clone(),
+            )?;
+            served.push(Served { id: s.id, handle });
+        }
+        Ok(Self {
+            state: Arc::new(AppState {
+                models: served,
+                reasoning: opts.reasoning,
+                slots: Arc::new(Semaphore::new(opts.max_concurrent)),
+                waiting: AtomicUsize::new(0),
+                max_queue: opts.max_queue,
+                max_concurrent: opts.max_concurrent,
+                max_body_bytes: opts.max_body_bytes,
+                created: now_secs(),
+                next_id: AtomicU64::new(1),
+                metrics,
+            }),
+        })
+    }
+
+    /// The ids clients name the models by (`/v1/models`).
+    pub fn model_ids(&self) -> Vec<String> {
+        self.state.models.iter().map(|m| m.id.clone()).collect()
+    }
+
+    /// The routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
+    /// `/metrics`; 404 with an OpenAI error body elsewhere), to serve or to `nest` under a
+    /// prefix of another axum app. Handlers need a tokio runtime.
+    pub fn router(&self) -> Router {
+        router(self.state.clone())
+    }
+
+    /// Ends every model's worker once its running sequences are done, and waits for it. Routers
+    /// still alive keep the workers (they end with the process).
+    pub fn shutdown(self) {
+        // Dropping the last job senders ends each worker once its sequences are done.
+        if let Ok(state) = Arc::try_unwrap(self.state) {
+            for m in state.models {
+                drop(m.handle.jobs);
+                let _ = m.handle.thread.join();
+            }
+        }
+    }
+}
+
 /// Loads every model, binds, prints the address (`listening on http://HOST:PORT`), and serves
 /// until Ctrl-C or SIGTERM; then finishes running requests and returns.
 ///
 /// # Errors
-/// A model that does not resolve or load, a duplicate model id, or an address that cannot be
-/// bound, as a message.
+/// As [`Server::load`], and an address that cannot be bound, as a message.
 pub fn serve(opts: &ServeOptions) -> Result<(), String> {
-    if opts.models.is_empty() {
-        return Err("serve needs at least one -m MODEL".into());
-    }
-    if opts.max_concurrent == 0 {
-        return Err("--max-concurrent must be at least 1".into());
-    }
-    let mut sources = Vec::new();
-    for spec in &opts.models {
-        sources.extend(models::resolve(spec)?);
-    }
-    let metrics = Arc::new(Metrics::new());
-    let mut served: Vec<Served> = Vec::new();
-    for s in sources {
-        if served.iter().any(|m| m.id == s.id) {
-            return Err(format!("two models are named '{}'", s.id));
-        }
-        eprintln!("loading '{}' from {}", s.id, s.path.display());
-        let handle = engine::start(
-            s.path.clone(),
-            opts.dequantize,
-            opts.ctx_size,
-            opts.max_concurrent,
-            metrics.clone(),
-        )?;
-        served.push(Served { id: s.id, handle });
-    }
-    let state = Arc::new(AppState {
-        models: served,
-        reasoning: opts.reasoning,
-        slots: Arc::new(Semaphore::new(opts.max_concurrent)),
-        waiting: AtomicUsize::new(0),
-        max_queue: opts.max_queue,
-        max_concurrent: opts.max_concurrent,
-        max_body_bytes: opts.max_body_bytes,
-        created: now_secs(),
-        next_id: AtomicU64::new(1),
-        metrics,
-    });
+    let server = Server::load(opts)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("could not start the async runtime: {e}"))?;
-    let app = router(state.clone());
+    let app = server.router();
     let addr = format!("{}:{}", opts.host, opts.port);
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&addr)
@@ -166,14 +229,8 @@ pub fn serve(opts: &ServeOptions) -> Result<(), String> {
             .map_err(|e| format!("server error: {e}"))
     })?;
     eprintln!("shutting down: running requests finished");
-    // Dropping the last job senders ends each worker once its sequences are done. (A
-    // connection task that still holds the state is ended with the process.)
-    if let Ok(state) = Arc::try_unwrap(state) {
-        for m in state.models {
-            drop(m.handle.jobs);
-            let _ = m.handle.thread.join();
-        }
-    }
+    // (A connection task that still holds the state is ended with the process.)
+    server.shutdown();
     Ok(())
 }
 

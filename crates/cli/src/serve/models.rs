@@ -149,6 +149,25 @@ pub fn resolve(spec: &str) -> Result<Vec<ModelSource>, String> {
         .map_err(|e| format!("model '{spec}': {e}"))
 }
 
+/// The one GGUF file `spec` names, for `run`, `chat` and `inspect`: a path, `org/repo:file.gguf`
+/// (hub cache, else downloaded), or a known shorthand; as [`resolve`].
+///
+/// # Errors
+/// As [`resolve`], and a message listing the files when `spec` names more than one (a directory
+/// or a repo).
+pub fn resolve_one(spec: &str) -> Result<PathBuf, String> {
+    let mut found = resolve(spec)?;
+    if found.len() == 1 {
+        return Ok(found.remove(0).path);
+    }
+    let ids: Vec<&str> = found.iter().map(|m| m.id.as_str()).collect();
+    Err(format!(
+        "model '{spec}' names {} files ({}); name one",
+        found.len(),
+        ids.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +191,9 @@ mod tests {
         assert!(e.contains("repo:file.gguf"), "{e}");
         let e = resolve("no-such-model").unwrap_err();
         assert!(e.contains("no-such-model"), "{e}");
+        let e = resolve_one(dir.path().to_str().unwrap()).unwrap_err();
+        assert!(e.contains("names 2 files (a.gguf, b.gguf)"), "{e}");
+        let one = dir.path().join("a.gguf");
+        assert_eq!(resolve_one(one.to_str().unwrap()).unwrap(), one);
     }
 }
