@@ -130,18 +130,18 @@ pub fn summary(file: &GgufFile, device: &burn::tensor::Device) -> String {
     out
 }
 
-/// Values of tensor `name`, in Burn row-major order: from the CPU codec, or (`device`) from the
+/// Values of tensor `name`, in Burn row-major order: from the CPU codec, or (`kernels`) from the
 /// device kernels (the tensor is uploaded packed and dequantized there).
 ///
 /// # Errors
-/// Missing tensor, a type without a codec (or without a kernel, with `device`), or a device error.
-pub fn tensor_values(file: &GgufFile, name: &str, device: bool) -> Result<Vec<f32>, String> {
+/// Missing tensor, a type without a codec (or without a kernel, with `kernels`), or a device error.
+pub fn tensor_values(file: &GgufFile, name: &str, kernels: bool) -> Result<Vec<f32>, String> {
     let info = file
         .tensor(name)
         .ok_or_else(|| format!("no tensor '{name}' in the file"))?;
     let n = usize::try_from(info.n_elements()).map_err(|e| e.to_string())?;
     let bytes = file.tensor_data(info);
-    if !device {
+    if !kernels {
         return ggml_codec::dequantize_to_vec(info.ggml_type, bytes, n)
             .map_err(|e| format!("tensor '{name}': {e}"));
     }
@@ -166,13 +166,13 @@ pub fn tensor_values(file: &GgufFile, name: &str, device: bool) -> Result<Vec<f3
 ///
 /// # Errors
 /// As [`tensor_values`], and unreadable files.
-pub fn run(path: &std::path::Path, tensor: Option<&str>, device: bool) -> Result<(), String> {
+pub fn run(path: &std::path::Path, tensor: Option<&str>, kernels: bool) -> Result<(), String> {
     let file = GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut stdout = std::io::stdout().lock();
     match tensor {
         None => stdout.write_all(summary(&file, &burn_gguf::default_device()).as_bytes()),
         Some(name) => {
-            let values = tensor_values(&file, name, device)?;
+            let values = tensor_values(&file, name, kernels)?;
             let mut s = String::with_capacity(values.len() * 12);
             for v in values {
                 let _ = writeln!(s, "{v}");

@@ -104,7 +104,7 @@ enum Command {
         tensor: Option<String>,
         /// With --tensor: compute the values with the device kernels instead of the CPU codec.
         #[arg(long, requires = "tensor")]
-        device: bool,
+        kernels: bool,
     },
     /// Serve models over an OpenAI-compatible HTTP API (/v1/chat/completions,
     /// /v1/completions, /v1/models, /health). Ctrl-C or SIGTERM finishes running requests and
@@ -188,9 +188,9 @@ fn main() -> ExitCode {
         Command::Inspect {
             file,
             tensor,
-            device,
+            kernels,
         } => resolve_one(&file)
-            .and_then(|path| burn_gguf_cli::inspect::run(&path, tensor.as_deref(), device)),
+            .and_then(|path| burn_gguf_cli::inspect::run(&path, tensor.as_deref(), kernels)),
         Command::Devices => {
             list_devices();
             Ok(())
