@@ -20,8 +20,10 @@ use cubecl::prelude::*;
 /// - Token `t` is at slot `rows[2t]`, position `p = rows[2t + 1]`; a token with a slot not
 ///   below `slots` or a position not below `positions` (at most the cache's capacity and the
 ///   tables' rows) is skipped.
-/// - RoPE of position `p` from `cos` / `sin` (`[positions, half]`: row `p` holds the angles
-///   of position `p`); `neox` pairs `(i, i + half)`, otherwise `(2i, 2i + 1)`.
+/// - RoPE of position `p` on the first `2 * rot_half` values of each head from `cos` / `sin`
+///   (`[positions, rot_half]`: row `p` holds the angles of position `p`); `neox` pairs
+///   `(i, i + rot_half)`, otherwise `(2i, 2i + 1)`; the values past `2 * rot_half` are copied
+///   (llama.cpp `rope_ext` with `n_dims` < `ne0`: Qwen3.5's partial rotary).
 /// - Queries go to `q_out` `[n, n_head, 2 * half]`; keys and values to `k_cache` /
 ///   `v_cache` `[slots * n_head_kv, capacity, 2 * half]` at the token's slot and position.
 #[cube(launch_unchecked, create_dummy_kernel)]
@@ -41,6 +43,7 @@ pub(crate) fn qk_rope_cache(
     n_head: u32,
     n_head_kv: u32,
     half: u32,
+    rot_half: u32,
     qk_stride: u32,
     k_off: u32,
     v_stride: u32,
@@ -89,9 +92,9 @@ pub(crate) fn qk_rope_cache(
                 }
                 inv = 1.0f32 / f32::sqrt(sum / f32::cast_from(hd) + eps);
             }
-            for i in 0..half {
+            for i in 0..rot_half {
                 let (a, b) = if comptime!(neox) {
-                    (i, i + half)
+                    (i, i + rot_half)
                 } else {
                     (2 * i, 2 * i + 1)
                 };
@@ -103,8 +106,8 @@ pub(crate) fn qk_rope_cache(
                     x1 = x1 * inv * wa;
                     x2 = x2 * inv * wb;
                 }
-                let c = cos[(pos * half + i) as usize];
-                let s = sin[(pos * half + i) as usize];
+                let c = cos[(pos * rot_half + i) as usize];
+                let s = sin[(pos * rot_half + i) as usize];
                 let y1 = x1 * c - x2 * s;
                 let y2 = x1 * s + x2 * c;
                 if is_q {
@@ -115,6 +118,18 @@ pub(crate) fn qk_rope_cache(
                     let dst = ((base + j - n_head) * capacity + pos) * hd;
                     k_cache[(dst + a) as usize] = y1;
                     k_cache[(dst + b) as usize] = y2;
+                }
+            }
+            // Past the rotated values: normalised and copied.
+            for d in 2 * rot_half..hd {
+                let mut x = qk[(src + d) as usize];
+                if comptime!(norm) {
+                    x = x * inv * select(is_q, q_norm[d as usize], k_norm[d as usize]);
+                }
+                if is_q {
+                    q_out[((t * n_head + j) * hd + d) as usize] = x;
+                } else {
+                    k_cache[(((base + j - n_head) * capacity + pos) * hd + d) as usize] = x;
                 }
             }
         }
@@ -132,6 +147,9 @@ pub struct QkRopeShape {
     pub n_head_kv: usize,
     /// Values per head (even).
     pub head_dim: usize,
+    /// Values of each head RoPE rotates, from its first (even, at most `head_dim`; llama.cpp
+    /// `rope.dimension_count`); the rest are copied.
+    pub rope_dims: usize,
     /// Row stride of the Q/K projection buffer, in values.
     pub qk_stride: usize,
     /// Column of the first key head in the Q/K buffer (query heads start at 0).
@@ -153,10 +171,10 @@ pub struct QkRopeShape {
 /// step's heads, `qk_rope_cache()`: queries of `qk` to `q_out` `[n, n_head, head_dim]`, keys
 /// of `qk` and values of `v` into `k_cache` / `v_cache` `[slots * n_head_kv, capacity,
 /// head_dim]` at each token's slot and position (`rows` `[n, 2]` u32). `cos` / `sin`:
-/// `[positions, head_dim / 2]` f32. Without `norm`, `q_norm` and `k_norm` are not read.
+/// `[positions, rope_dims / 2]` f32. Without `norm`, `q_norm` and `k_norm` are not read.
 ///
 /// # Errors
-/// An odd `head_dim`, heads that do not fit their strides, `positions` past `capacity`, a
+/// An odd `head_dim` or `rope_dims`, `rope_dims` past `head_dim`, heads that do not fit their strides, `positions` past `capacity`, a
 /// buffer shorter than the shapes, or index arithmetic past `u32`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_qk_rope_cache(
@@ -183,7 +201,7 @@ pub fn launch_qk_rope_cache(
     let cache_len = need(s.slots, s.n_head_kv)
         .and_then(|v| need(v, s.capacity))
         .and_then(|v| need(v, hd));
-    let table_len = need(s.positions, hd / 2);
+    let table_len = need(s.positions, s.rope_dims / 2);
     let qk_cols = need(s.n_head, hd).and_then(|q| {
         s.k_off
             .checked_add(need(s.n_head_kv, hd)?)
@@ -204,11 +222,19 @@ pub fn launch_qk_rope_cache(
     ]
     .iter()
     .all(|&v| v <= u32::MAX as usize);
-    if hd == 0 || !hd.is_multiple_of(2) || qk_cols > s.qk_stride || v_cols > s.v_stride || !fits_u32
+    if hd == 0
+        || !hd.is_multiple_of(2)
+        || !s.rope_dims.is_multiple_of(2)
+        || s.rope_dims > hd
+        || qk_cols > s.qk_stride
+        || v_cols > s.v_stride
+        || !fits_u32
     {
         return Err(crate::shape_err(
             OP,
-            format!("{s:?}: heads do not fit their strides, or head_dim is odd"),
+            format!(
+                "{s:?}: heads do not fit their strides, or head_dim or rope_dims is odd or too large"
+            ),
         ));
     }
     if end > s.capacity {
@@ -281,6 +307,7 @@ pub fn launch_qk_rope_cache(
             s.n_head as u32,
             s.n_head_kv as u32,
             (hd / 2) as u32,
+            (s.rope_dims / 2) as u32,
             s.qk_stride as u32,
             s.k_off as u32,
             s.v_stride as u32,

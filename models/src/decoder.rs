@@ -1,5 +1,5 @@
 //! The decoder-only transformer shared by every architecture, with per-architecture parts
-//! chosen from `general.architecture` ([`ARCHITECTURES`]).
+//! chosen from `general.architecture` ([`crate::ARCHITECTURES`]).
 //!
 //! The skeleton follows llama.cpp `src/models/*.cpp`: token embeddings; per layer RMSNorm, Q/K/V,
 //! optional per-head RMSNorm of Q and K, RoPE, grouped-query attention scaled by
@@ -19,205 +19,46 @@
 //!   window (`attention.sliding_window`) with RoPE base `rope.freq_base_swa` (default 10 000,
 //!   llama.cpp's built-in value: the key is usually absent); every sixth layer is global with
 //!   `rope.freq_base` (case C17).
+//! - `qwen35`, `qwen35moe` (`src/models/qwen35.cpp`, `qwen35moe.cpp`): three of every four
+//!   layers are gated delta-net linear attention with a recurrent state (`crate::delta_net`);
+//!   the others gated attention: `attn_q` yields a query and a gate per head, Q/K norms,
+//!   NEOX RoPE over the first `rope.dimension_count` values (IMROPE for text), the output
+//!   times the gate's sigmoid. `post_attention_norm` is the FFN's norm. The MoE variant adds a
+//!   shared expert scaled by `sigmoid(ffn_gate_inp_shexp . x)`.
 use crate::Error;
+use crate::config::DecoderConfig;
+use crate::delta_net::DeltaNetLayer;
 use crate::state::{BatchState, LayerKind, LayerState, SequenceState};
+use burn::tensor::activation::sigmoid;
 use burn::tensor::{Device, Tensor};
 use burn_gguf::{
     AttentionShape, CacheRows, GgmlEmbedding, GgmlExperts, GgmlLinear, GgufLoader, QkNorm,
     QkRopeShape, RopeTable, add_rms_norm, attention, gated, moe_route, qk_rope_cache,
 };
-use gguf::GgufFile;
 use std::sync::Mutex;
-
-/// The values of `general.architecture` a [`Decoder`] loads.
-pub const ARCHITECTURES: &[&str] = &["gemma3", "llama", "qwen3", "qwen3moe"];
 
 pub use burn_gguf::{Activation, RopeStyle, rms_norm};
 
-/// Gemma 3's local attention: every layer but each `pattern`-th (1-based) sees only the last
-/// `window` tokens and uses RoPE base `rope_base`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SlidingWindow {
-    /// Tokens a query sees, itself included (`attention.sliding_window`).
-    pub window: usize,
-    /// Every `pattern`-th layer (1-based) is global.
-    pub pattern: usize,
-    /// RoPE base of the local layers (`rope.freq_base_swa`).
-    pub rope_base: f32,
-}
-
-/// A mixture-of-experts FFN's routing.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Moe {
-    /// `<arch>.expert_count`.
-    pub n_expert: usize,
-    /// `<arch>.expert_used_count`: experts per token.
-    pub n_expert_used: usize,
-    /// `<arch>.expert_feed_forward_length`.
-    pub n_ff_expert: usize,
-    /// Whether the chosen experts' weights are renormalised to sum to 1.
-    pub norm_top_k: bool,
-}
-
-/// Hyper-parameters of a decoder, from the GGUF metadata (`<arch>.*` keys).
-#[derive(Clone, Debug, PartialEq)]
-pub struct DecoderConfig {
-    /// `general.architecture`, one of [`ARCHITECTURES`].
-    pub architecture: String,
-    /// `<arch>.block_count`.
-    pub n_layers: usize,
-    /// `<arch>.embedding_length`.
-    pub n_embd: usize,
-    /// `<arch>.feed_forward_length`.
-    pub n_ff: usize,
-    /// `<arch>.attention.head_count`.
-    pub n_head: usize,
-    /// `<arch>.attention.head_count_kv`.
-    pub n_head_kv: usize,
-    /// `<arch>.attention.key_length` (= value_length), else `n_embd / n_head`.
-    pub head_dim: usize,
-    /// `<arch>.attention.layer_norm_rms_epsilon`.
-    pub rms_eps: f32,
-    /// `<arch>.rope.freq_base` (of the global layers where there is a sliding window).
-    pub rope_base: f32,
-    /// How RoPE pairs dimensions: NORM for `llama`, NEOX otherwise.
-    pub rope_style: RopeStyle,
-    /// Local attention (Gemma 3), if any.
-    pub sliding_window: Option<SlidingWindow>,
-    /// Factor applied to the token embeddings (Gemma: `sqrt(n_embd)`).
-    pub embed_scale: Option<f64>,
-    /// The FFN activation.
-    pub activation: Activation,
-    /// Whether Q and K get a per-head RMSNorm (`attn_q_norm`, `attn_k_norm`).
-    pub qk_norm: bool,
-    /// Whether attention and FFN outputs get an RMSNorm before the residual
-    /// (`post_attention_norm`, `post_ffw_norm`).
-    pub post_norms: bool,
-    /// The mixture-of-experts FFN, where the architecture has one.
-    pub moe: Option<Moe>,
-    /// `<arch>.context_length`.
-    pub context_length: usize,
-    /// Vocabulary size (rows of `token_embd`).
-    pub vocab_size: usize,
-}
-
-impl DecoderConfig {
-    /// Reads the config from `file`.
-    ///
-    /// # Errors
-    /// An architecture not in [`ARCHITECTURES`] (named, with the supported ones), or a missing /
-    /// mistyped / inconsistent key (named in the error).
-    pub fn from_gguf(file: &GgufFile) -> Result<Self, Error> {
-        let arch = file.architecture()?.to_string();
-        if !ARCHITECTURES.contains(&arch.as_str()) {
-            return Err(Error::Model(format!(
-                "architecture '{arch}' is not supported (supported: {})",
-                ARCHITECTURES.join(", ")
-            )));
-        }
-        let key = |k: &str| format!("{arch}.{k}");
-        let u = |k: &str| -> Result<usize, Error> { Ok(file.get_u32(&key(k))? as usize) };
-        let n_embd = u("embedding_length")?;
-        let n_head = u("attention.head_count")?;
-        let head_dim = match file.get_opt_u32(&key("attention.key_length"))? {
-            Some(k) => k as usize,
-            None => n_embd / n_head.max(1),
-        };
-        let embd = file
-            .tensor("token_embd.weight")
-            .ok_or_else(|| Error::Model("tensor 'token_embd.weight' is missing".into()))?;
-        let gemma = arch == "gemma3";
-        let sliding_window = if gemma {
-            Some(SlidingWindow {
-                window: file
-                    .get_opt_u32(&key("attention.sliding_window"))?
-                    .unwrap_or(512) as usize,
-                pattern: 6,
-                rope_base: file
-                    .get_opt_f32(&key("rope.freq_base_swa"))?
-                    .unwrap_or(10_000.0),
-            })
-        } else {
-            None
-        };
-        let moe = if arch == "qwen3moe" {
-            Some(Moe {
-                n_expert: u("expert_count")?,
-                n_expert_used: u("expert_used_count")?,
-                n_ff_expert: u("expert_feed_forward_length")?,
-                norm_top_k: true,
-            })
-        } else {
-            None
-        };
-        let cfg = Self {
-            n_layers: u("block_count")?,
-            n_embd,
-            n_ff: u("feed_forward_length")?,
-            n_head,
-            n_head_kv: u("attention.head_count_kv")?,
-            head_dim,
-            rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            rope_base: file
-                .get_opt_f32(&key("rope.freq_base"))?
-                .unwrap_or(if gemma { 1_000_000.0 } else { 10_000.0 }),
-            sliding_window,
-            embed_scale: gemma.then(|| (n_embd as f64).sqrt()),
-            activation: if gemma {
-                Activation::GeluTanh
-            } else {
-                Activation::Silu
-            },
-            rope_style: if arch == "llama" {
-                RopeStyle::Norm
-            } else {
-                RopeStyle::Neox
-            },
-            qk_norm: arch != "llama",
-            post_norms: gemma,
-            moe,
-            context_length: u("context_length")?,
-            vocab_size: embd.shape()[0],
-            architecture: arch,
-        };
-        let ok = cfg.n_layers > 0
-            && cfg.n_layers <= 1024
-            && cfg.n_head > 0
-            && cfg.n_head_kv > 0
-            && cfg.n_head.is_multiple_of(cfg.n_head_kv)
-            && cfg.head_dim > 0
-            && cfg.head_dim.is_multiple_of(2)
-            && cfg.sliding_window.as_ref().is_none_or(|w| w.window > 0)
-            && cfg.moe.as_ref().is_none_or(|m| {
-                m.n_expert > 0 && m.n_expert <= 4096 && (1..=m.n_expert).contains(&m.n_expert_used)
-            });
-        if !ok {
-            return Err(Error::Model(format!(
-                "inconsistent {} hyper-parameters: {cfg:?}",
-                cfg.architecture
-            )));
-        }
-        Ok(cfg)
-    }
-
-    /// Whether layer `il` uses the sliding window (llama.cpp gemma3: `(il + 1) % 6 != 0`).
-    pub fn is_local(&self, il: usize) -> bool {
-        self.sliding_window
-            .as_ref()
-            .is_some_and(|w| !(il + 1).is_multiple_of(w.pattern))
-    }
-}
-
 struct Layer {
     attn_norm: Tensor<1>,
-    qkv: Qkv,
-    wo: GgmlLinear,
-    /// `[q_norm, k_norm]` where the architecture has them.
-    qk_norm: Option<[Tensor<1>; 2]>,
+    mixer: Mixer,
     /// `[post_attention_norm, post_ffw_norm]` where the architecture has them.
     post_norms: Option<[Tensor<1>; 2]>,
     ffn_norm: Tensor<1>,
     ffn: Ffn,
+}
+
+/// What mixes a layer's tokens: attention over a KV cache, or a delta net's recurrent state.
+// One per layer and long-lived, so the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Mixer {
+    Attention {
+        qkv: Qkv,
+        wo: GgmlLinear,
+        /// `[q_norm, k_norm]` where the architecture has them.
+        qk_norm: Option<[Tensor<1>; 2]>,
+    },
+    DeltaNet(DeltaNetLayer),
 }
 
 /// A layer's Q, K and V projections, their weights' rows stacked where the types allow
@@ -248,38 +89,71 @@ impl Qkv {
         ]))
     }
 
-    /// The projections of `h` `[n, n_embd]`: `(qk, v, layout)` with the query heads at
+    /// The projections of `h` `[n, n_embd]`: `(qk, v, layout, gate)` with the query heads at
     /// columns `0..n_head * head_dim` of `qk`, the key heads at `layout.k_off`, the value heads
-    /// at `layout.v_off` of `v` (the same tensor as `qk` when stacked). `layout` leaves `n`,
-    /// `slots`, `capacity` and `positions` for the caller.
-    fn forward(&self, h: Tensor<2>, c: &DecoderConfig) -> (Tensor<2>, Tensor<2>, QkRopeShape) {
+    /// at `layout.v_off` of `v` (the same tensor as `qk` when stacked), and with gated
+    /// attention the gates `[n, n_head * head_dim]`. `layout` leaves `n`, `slots`, `capacity`,
+    /// `positions` and `rope_dims` for the caller.
+    fn forward(
+        &self,
+        h: Tensor<2>,
+        c: &DecoderConfig,
+    ) -> (Tensor<2>, Tensor<2>, QkRopeShape, Option<Tensor<2>>) {
         let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        // Gated attention: per head `head_dim` query rows, then `head_dim` gate rows.
+        let qw = if c.gated_attention { 2 * q } else { q };
         let layout = |qk_stride, v_stride, v_off| QkRopeShape {
             n: 0,
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
+            rope_dims: 0,
             qk_stride,
-            k_off: q,
+            k_off: qw,
             v_stride,
             v_off,
             slots: 0,
             capacity: 0,
             positions: 0,
         };
-        match self {
+        let (qk, v, layout) = match self {
             Self::Stacked(w) => {
                 let y = w.forward(h);
-                (y.clone(), y, layout(q + 2 * kv, q + 2 * kv, q + kv))
+                (y.clone(), y, layout(qw + 2 * kv, qw + 2 * kv, qw + kv))
             }
-            Self::StackedQk(wqk, wv) => {
-                (wqk.forward(h.clone()), wv.forward(h), layout(q + kv, kv, 0))
-            }
+            Self::StackedQk(wqk, wv) => (
+                wqk.forward(h.clone()),
+                wv.forward(h),
+                layout(qw + kv, kv, 0),
+            ),
             Self::Each([wq, wk, wv]) => {
                 let qk = Tensor::cat(vec![wq.forward(h.clone()), wk.forward(h.clone())], 1);
-                (qk, wv.forward(h), layout(q + kv, kv, 0))
+                (qk, wv.forward(h), layout(qw + kv, kv, 0))
             }
+        };
+        if !c.gated_attention {
+            return (qk, v, layout, None);
         }
+        // Queries and keys side by side for the cache step, the gates apart.
+        let n = qk.dims()[0];
+        let qg = qk
+            .clone()
+            .narrow(1, 0, qw)
+            .reshape([n, c.n_head, 2, c.head_dim]);
+        let gate = qg.clone().narrow(2, 1, 1).reshape([n, q]);
+        let qk = Tensor::cat(
+            vec![
+                qg.narrow(2, 0, 1).reshape([n, q]),
+                qk.narrow(1, layout.k_off, kv),
+            ],
+            1,
+        );
+        let layout = QkRopeShape {
+            qk_stride: q + kv,
+            k_off: q,
+            ..layout
+        };
+        (qk, v, layout, Some(gate))
     }
 }
 
@@ -298,11 +172,49 @@ enum GateUp {
 enum Ffn {
     /// `down(act(gate x) * up x)`.
     Dense { gate_up: GateUp, down: GgmlLinear },
-    /// Routed experts: `router` `[n_expert, n_embd]` (`ffn_gate_inp`).
+    /// Routed experts: `router` `[n_expert, n_embd]` (`ffn_gate_inp`), with a shared expert
+    /// `[n_expert + 1, n_embd]`, its gate (`ffn_gate_inp_shexp`) the last row.
     Moe {
         router: Tensor<2>,
         experts: GgmlExperts,
+        shared: Option<SharedExpert>,
     },
+}
+
+/// Qwen3.5-MoE's shared expert: a dense SiLU FFN every token goes through.
+struct SharedExpert {
+    gate_up: GateUp,
+    down: GgmlLinear,
+}
+
+impl GateUp {
+    fn load(loader: &GgufLoader, gate: &str, up: &str) -> Result<Self, Error> {
+        Ok(match loader.stacked_linear(&[gate, up])? {
+            Some(w) => GateUp::Stacked(w),
+            None => GateUp::Each(loader.linear(gate)?, loader.linear(up)?),
+        })
+    }
+
+    /// `act(gate h) * up h`.
+    fn forward(&self, h: Tensor<2>, act: Activation) -> Tensor<2> {
+        match self {
+            GateUp::Stacked(w) => w.forward_gated(h, act),
+            GateUp::Each(gate, up) => gated(gate.forward(h.clone()), up.forward(h), act),
+        }
+    }
+
+    /// Checks the weights are `[n_ff, n_embd]` each.
+    fn check(&self, what: &str, n_ff: usize, e: usize) -> Result<(), Error> {
+        let got = match self {
+            GateUp::Stacked(w) => w.weight.shape(),
+            GateUp::Each(g, u) if g.weight.shape() == u.weight.shape() => {
+                let [r, c] = g.weight.shape();
+                [2 * r, c]
+            }
+            GateUp::Each(g, _) => g.weight.shape(),
+        };
+        expect(format!("{what} gate + up"), got, [2 * n_ff, e])
+    }
 }
 
 /// A decoder-only language model with packed weights on one device.
@@ -333,62 +245,85 @@ impl Decoder {
         let mut layers = Vec::with_capacity(config.n_layers);
         for il in 0..config.n_layers {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
-            // Checked on the file before Q/K/V are stacked into one weight.
-            let (e, hd) = (config.n_embd, config.head_dim);
-            for (name, rows) in [
-                ("attn_q", config.n_head * hd),
-                ("attn_k", config.n_head_kv * hd),
-                ("attn_v", config.n_head_kv * hd),
-            ] {
-                let got = file.tensor(&n(name)).map(|t| t.shape());
-                if got.as_deref().is_some_and(|s| s != [rows, e]) {
-                    return Err(Error::Model(format!(
-                        "{}: shape {:?}, expected {:?}",
-                        n(name),
-                        got.unwrap_or_default(),
-                        [rows, e]
-                    )));
-                }
-            }
             let pair = |a: &str, b: &str| -> Result<[Tensor<1>; 2], Error> {
                 Ok([loader.dense(&n(a))?, loader.dense(&n(b))?])
             };
+            let mixer = if config.is_recurrent(il) {
+                Mixer::DeltaNet(DeltaNetLayer::load(loader, il, &config)?)
+            } else {
+                // Checked on the file before Q/K/V are stacked into one weight.
+                let (e, hd) = (config.n_embd, config.head_dim);
+                let q_rows = config.n_head * hd * if config.gated_attention { 2 } else { 1 };
+                for (name, rows) in [
+                    ("attn_q", q_rows),
+                    ("attn_k", config.n_head_kv * hd),
+                    ("attn_v", config.n_head_kv * hd),
+                ] {
+                    let got = file.tensor(&n(name)).map(|t| t.shape());
+                    if got.as_deref().is_some_and(|s| s != [rows, e]) {
+                        return Err(Error::Model(format!(
+                            "{}: shape {:?}, expected {:?}",
+                            n(name),
+                            got.unwrap_or_default(),
+                            [rows, e]
+                        )));
+                    }
+                }
+                Mixer::Attention {
+                    qkv: Qkv::load(loader, &n("attn_q"), &n("attn_k"), &n("attn_v"))?,
+                    wo: loader.linear(&n("attn_output"))?,
+                    qk_norm: match config.qk_norm {
+                        true => Some(pair("attn_q_norm", "attn_k_norm")?),
+                        false => None,
+                    },
+                }
+            };
             layers.push(Layer {
                 attn_norm: loader.dense(&n("attn_norm"))?,
-                qkv: Qkv::load(loader, &n("attn_q"), &n("attn_k"), &n("attn_v"))?,
-                wo: loader.linear(&n("attn_output"))?,
-                qk_norm: match config.qk_norm {
-                    true => Some(pair("attn_q_norm", "attn_k_norm")?),
-                    false => None,
-                },
+                mixer,
                 post_norms: match config.post_norms {
                     true => Some(pair("post_attention_norm", "post_ffw_norm")?),
                     false => None,
                 },
-                ffn_norm: loader.dense(&n("ffn_norm"))?,
-                ffn: match config.moe {
+                ffn_norm: loader.dense(&n(config.ffn_norm_name()))?,
+                ffn: match &config.moe {
                     None => Ffn::Dense {
-                        gate_up: match loader.stacked_linear(&[&n("ffn_gate"), &n("ffn_up")])? {
-                            Some(w) => GateUp::Stacked(w),
-                            None => GateUp::Each(
-                                loader.linear(&n("ffn_gate"))?,
-                                loader.linear(&n("ffn_up"))?,
-                            ),
-                        },
+                        gate_up: GateUp::load(loader, &n("ffn_gate"), &n("ffn_up"))?,
                         down: loader.linear(&n("ffn_down"))?,
                     },
-                    Some(_) => Ffn::Moe {
-                        router: loader.dense(&n("ffn_gate_inp"))?,
-                        experts: if file.tensor(&n("ffn_gate_up_exps")).is_some() {
-                            loader.experts_merged(&n("ffn_gate_up_exps"), &n("ffn_down_exps"))?
-                        } else {
-                            loader.experts(
-                                &n("ffn_gate_exps"),
-                                &n("ffn_up_exps"),
-                                &n("ffn_down_exps"),
-                            )?
-                        },
-                    },
+                    Some(m) => {
+                        let mut router: Tensor<2> = loader.dense(&n("ffn_gate_inp"))?;
+                        let shared = match m.n_ff_shared {
+                            None => None,
+                            Some(_) => {
+                                let gate: Tensor<1> = loader.dense(&n("ffn_gate_inp_shexp"))?;
+                                let [e] = gate.dims();
+                                router = Tensor::cat(vec![router, gate.reshape([1, e])], 0);
+                                Some(SharedExpert {
+                                    gate_up: GateUp::load(
+                                        loader,
+                                        &n("ffn_gate_shexp"),
+                                        &n("ffn_up_shexp"),
+                                    )?,
+                                    down: loader.linear(&n("ffn_down_shexp"))?,
+                                })
+                            }
+                        };
+                        Ffn::Moe {
+                            router,
+                            experts: if file.tensor(&n("ffn_gate_up_exps")).is_some() {
+                                loader
+                                    .experts_merged(&n("ffn_gate_up_exps"), &n("ffn_down_exps"))?
+                            } else {
+                                loader.experts(
+                                    &n("ffn_gate_exps"),
+                                    &n("ffn_up_exps"),
+                                    &n("ffn_down_exps"),
+                                )?
+                            },
+                            shared,
+                        }
+                    }
                 },
             });
         }
@@ -400,7 +335,7 @@ impl Decoder {
             embed.as_linear()
         };
         let rope_freqs = match file.tensor("rope_freqs.weight") {
-            None => None,
+            None => config.rope_section_factors(),
             Some(_) => {
                 let t: Tensor<1> = loader.dense("rope_freqs.weight")?;
                 let f = t
@@ -408,12 +343,12 @@ impl Decoder {
                     .map_err(|e| Error::Device(format!("{e:?}")))?
                     .try_to_vec::<f32>()
                     .map_err(|e| Error::Device(format!("{e:?}")))?;
-                if f.len() != config.head_dim / 2 || f.iter().any(|x| !(x.is_finite() && *x > 0.0))
+                if f.len() != config.rope_dims / 2 || f.iter().any(|x| !(x.is_finite() && *x > 0.0))
                 {
                     return Err(Error::Model(format!(
                         "rope_freqs.weight: {} values, expected {} positive ones",
                         f.len(),
-                        config.head_dim / 2
+                        config.rope_dims / 2
                     )));
                 }
                 Some(f)
@@ -436,15 +371,6 @@ impl Decoder {
     fn check_shapes(&self) -> Result<(), Error> {
         let c = &self.config;
         let (e, hd) = (c.n_embd, c.head_dim);
-        let expect = |what: String, got: [usize; 2], want: [usize; 2]| {
-            if got == want {
-                Ok(())
-            } else {
-                Err(Error::Model(format!(
-                    "{what}: shape {got:?}, expected {want:?}"
-                )))
-            }
-        };
         expect(
             "token_embd.weight".into(),
             self.embed.weight.shape(),
@@ -457,22 +383,31 @@ impl Decoder {
         )?;
         for (il, l) in self.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
-            expect(n("attn_output"), l.wo.weight.shape(), [e, c.n_head * hd])?;
+            let mut norms = vec![
+                ("attn_norm", &l.attn_norm, e),
+                (c.ffn_norm_name(), &l.ffn_norm, e),
+            ];
+            if let Mixer::Attention { wo, qk_norm, .. } = &l.mixer {
+                expect(n("attn_output"), wo.weight.shape(), [e, c.n_head * hd])?;
+                if let Some([q, k]) = qk_norm {
+                    norms.extend([("attn_q_norm", q, hd), ("attn_k_norm", k, hd)]);
+                }
+            }
             match (&l.ffn, &c.moe) {
                 (Ffn::Dense { gate_up, down }, _) => {
-                    match gate_up {
-                        GateUp::Stacked(w) => {
-                            expect(n("ffn_gate + ffn_up"), w.weight.shape(), [2 * c.n_ff, e])?
-                        }
-                        GateUp::Each(gate, up) => {
-                            expect(n("ffn_gate"), gate.weight.shape(), [c.n_ff, e])?;
-                            expect(n("ffn_up"), up.weight.shape(), [c.n_ff, e])?;
-                        }
-                    }
+                    gate_up.check(&n("ffn"), c.n_ff, e)?;
                     expect(n("ffn_down"), down.weight.shape(), [e, c.n_ff])?;
                 }
-                (Ffn::Moe { router, experts }, Some(m)) => {
-                    expect(n("ffn_gate_inp"), router.dims(), [m.n_expert, e])?;
+                (
+                    Ffn::Moe {
+                        router,
+                        experts,
+                        shared,
+                    },
+                    Some(m),
+                ) => {
+                    let routes = m.n_expert + usize::from(shared.is_some());
+                    expect(n("ffn_gate_inp"), router.dims(), [routes, e])?;
                     if experts.n_expert() != m.n_expert {
                         return Err(Error::Model(format!(
                             "{}: {} experts, expected {}",
@@ -482,6 +417,10 @@ impl Decoder {
                         )));
                     }
                     expect(n("ffn_gate_exps"), experts.ffn_shape(), [m.n_ff_expert, e])?;
+                    if let (Some(sh), Some(n_ff)) = (shared, m.n_ff_shared) {
+                        sh.gate_up.check(&n("ffn_shexp"), n_ff, e)?;
+                        expect(n("ffn_down_shexp"), sh.down.weight.shape(), [e, n_ff])?;
+                    }
                 }
                 (Ffn::Moe { .. }, None) => {
                     return Err(Error::Model(format!(
@@ -489,10 +428,6 @@ impl Decoder {
                         n("ffn")
                     )));
                 }
-            }
-            let mut norms = vec![("attn_norm", &l.attn_norm, e), ("ffn_norm", &l.ffn_norm, e)];
-            if let Some([q, k]) = &l.qk_norm {
-                norms.extend([("attn_q_norm", q, hd), ("attn_k_norm", k, hd)]);
             }
             if let Some([a, f]) = &l.post_norms {
                 norms.extend([("post_attention_norm", a, e), ("post_ffw_norm", f, e)]);
@@ -517,13 +452,21 @@ impl Decoder {
     /// The layers' state kinds, for [`SequenceState`] to allocate.
     fn layer_kinds(&self) -> Vec<LayerKind> {
         let c = &self.config;
-        vec![
-            LayerKind::Attention {
-                n_head_kv: c.n_head_kv,
-                head_dim: c.head_dim,
-            };
-            c.n_layers
-        ]
+        (0..c.n_layers)
+            .map(|il| match &c.delta_net {
+                Some(d) if c.is_recurrent(il) => LayerKind::Recurrent {
+                    n_head_v: d.shape.n_head_v,
+                    d_k: d.shape.d_k,
+                    d_v: d.shape.d_v,
+                    channels: d.conv_channels(),
+                    d_conv: d.d_conv,
+                },
+                _ => LayerKind::Attention {
+                    n_head_kv: c.n_head_kv,
+                    head_dim: c.head_dim,
+                },
+            })
+            .collect()
     }
 
     /// RoPE tables `[global, local]` covering at least `positions` positions, built on first
@@ -541,7 +484,7 @@ impl Decoder {
             .max(crate::state::CAPACITY_STEP)
             .min(c.context_length)
             .max(positions);
-        let (hd, dev) = (c.head_dim, &self.device);
+        let (hd, dev) = (c.rope_dims, &self.device);
         let global = RopeTable::new(n, hd, c.rope_base, self.rope_freqs.as_deref(), dev);
         // llama.cpp gemma3: the local layers use their own base and no frequency scaling.
         let local = match &c.sliding_window {
@@ -617,6 +560,9 @@ impl Decoder {
             }
             seen[slot] = true;
             let past = *len;
+            if past == 0 {
+                state.forget_checkpoint(slot);
+            }
             let total = past + seq_ids.len();
             if total > c.context_length {
                 return Err(Error::Model(format!(
@@ -651,73 +597,97 @@ impl Decoder {
         let old = state.take_layers();
         let mut layers = Vec::with_capacity(old.len());
         for ((il, l), layer_state) in self.layers.iter().enumerate().zip(old) {
-            let LayerState::Attention {
-                k: k_cache,
-                v: v_cache,
-            } = layer_state
-            else {
-                return Err(Error::Model(format!("layer {il} holds no KV cache")));
+            let o = match (&l.mixer, layer_state) {
+                (
+                    Mixer::Attention { qkv, wo, qk_norm },
+                    LayerState::Attention {
+                        k: k_cache,
+                        v: v_cache,
+                    },
+                ) => {
+                    let local = c.is_local(il);
+                    let (qk, v, layout, gate) = qkv.forward(h, c);
+                    let layout = QkRopeShape {
+                        n,
+                        slots,
+                        capacity,
+                        ..layout
+                    };
+                    let norm = qk_norm.as_ref().map(|[q, k]| QkNorm { q, k, eps });
+                    let table = &tables[usize::from(local)];
+                    let (q, k_cache, v_cache) = qk_rope_cache(
+                        qk,
+                        v,
+                        norm,
+                        table,
+                        c.rope_style,
+                        k_cache,
+                        v_cache,
+                        &rows,
+                        layout,
+                    );
+                    let window = if local {
+                        c.sliding_window.as_ref().map(|w| w.window)
+                    } else {
+                        None
+                    };
+                    let shape = AttentionShape {
+                        n,
+                        n_head: c.n_head,
+                        n_head_kv: c.n_head_kv,
+                        head_dim: hd,
+                        slots,
+                        capacity,
+                        window,
+                        keys: 0,
+                    };
+                    let mut attn = attention(q, &k_cache, &v_cache, &rows, shape, scale);
+                    layers.push(LayerState::Attention {
+                        k: k_cache,
+                        v: v_cache,
+                    });
+                    if let Some(gate) = gate {
+                        attn = attn * sigmoid(gate);
+                    }
+                    wo.forward(attn)
+                }
+                (Mixer::DeltaNet(dn), LayerState::Recurrent { state: s, conv }) => {
+                    let (o, s, conv) = dn.forward(h, s, conv, &rows, c);
+                    layers.push(LayerState::Recurrent { state: s, conv });
+                    o
+                }
+                _ => {
+                    return Err(Error::Model(format!(
+                        "layer {il}: the state holds another kind of layer"
+                    )));
+                }
             };
-            let local = c.is_local(il);
-            let (qk, v, layout) = l.qkv.forward(h, c);
-            let layout = QkRopeShape {
-                n,
-                slots,
-                capacity,
-                ..layout
-            };
-            let norm = l.qk_norm.as_ref().map(|[q, k]| QkNorm { q, k, eps });
-            let table = &tables[usize::from(local)];
-            let (q, k_cache, v_cache) = qk_rope_cache(
-                qk,
-                v,
-                norm,
-                table,
-                c.rope_style,
-                k_cache,
-                v_cache,
-                &rows,
-                layout,
-            );
-            let window = if local {
-                c.sliding_window.as_ref().map(|w| w.window)
-            } else {
-                None
-            };
-            let shape = AttentionShape {
-                n,
-                n_head: c.n_head,
-                n_head_kv: c.n_head_kv,
-                head_dim: hd,
-                slots,
-                capacity,
-                window,
-                keys: 0,
-            };
-            let attn = attention(q, &k_cache, &v_cache, &rows, shape, scale);
-            layers.push(LayerState::Attention {
-                k: k_cache,
-                v: v_cache,
-            });
-            let o = l.wo.forward(attn);
             let post = l.post_norms.as_ref();
             let (x_mid, h_ffn) = add_rms_norm(x, o, post.map(|[a, _]| a), &l.ffn_norm, eps);
             let d = match &l.ffn {
-                Ffn::Dense { gate_up, down } => down.forward(match gate_up {
-                    GateUp::Stacked(w) => w.forward_gated(h_ffn, c.activation),
-                    GateUp::Each(gate, up) => {
-                        gated(gate.forward(h_ffn.clone()), up.forward(h_ffn), c.activation)
-                    }
-                }),
-                Ffn::Moe { router, experts } => {
+                Ffn::Dense { gate_up, down } => down.forward(gate_up.forward(h_ffn, c.activation)),
+                Ffn::Moe {
+                    router,
+                    experts,
+                    shared,
+                } => {
                     let m = c
                         .moe
                         .as_ref()
                         .ok_or_else(|| Error::Model("a MoE layer without a MoE config".into()))?;
-                    // Routing and experts on the device: nothing read back.
+                    // Routing and experts on the device: nothing read back. With a shared
+                    // expert the router's last column is its gate.
                     let logits = h_ffn.clone().matmul(router.clone().transpose());
-                    let (weights, ids) = moe_route(logits, m.n_expert_used, m.norm_top_k);
-                    experts.forward(h_ffn, ids, weights)?
+                    let routed = logits.clone().narrow(1, 0, m.n_expert);
+                    let (weights, ids) = moe_route(routed, m.n_expert_used, m.norm_top_k);
+                    let y = experts.forward(h_ffn.clone(), ids, weights)?;
+                    match shared {
+                        None => y,
+                        Some(sh) => {
+                            let g = sigmoid(logits.narrow(1, m.n_expert, 1));
+                            y + sh.down.forward(sh.gate_up.forward(h_ffn, c.activation)) * g
+                        }
+                    }
                 }
             };
             // The next layer's attention norm, or after the last layer the output norm.
@@ -742,5 +712,16 @@ impl Decoder {
             h.select(0, at)
         };
         Ok(self.head.forward(h))
+    }
+}
+
+/// `Ok` when `got` is `want`, else an error naming `what` and both shapes.
+fn expect(what: String, got: [usize; 2], want: [usize; 2]) -> Result<(), Error> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::Model(format!(
+            "{what}: shape {got:?}, expected {want:?}"
+        )))
     }
 }

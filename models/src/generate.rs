@@ -26,6 +26,9 @@ pub trait CausalLm {
     /// Drops all but the first `len` cached tokens; returns the tokens kept (fewer than `len`
     /// where the state cannot be cut back there, as a recurrent layer's).
     fn truncate_cache(&self, cache: &mut Self::Cache, len: usize) -> usize;
+    /// Marks the cache's current length as one [`CausalLm::truncate_cache`] can go back to
+    /// (a recurrent state's checkpoint). Nothing by default.
+    fn checkpoint_cache(&self, _cache: &mut Self::Cache) {}
 }
 
 impl CausalLm for crate::decoder::Decoder {
@@ -43,6 +46,9 @@ impl CausalLm for crate::decoder::Decoder {
     }
     fn truncate_cache(&self, cache: &mut Self::Cache, len: usize) -> usize {
         cache.truncate(len)
+    }
+    fn checkpoint_cache(&self, cache: &mut Self::Cache) {
+        cache.checkpoint()
     }
 }
 
@@ -226,8 +232,9 @@ pub fn generate<M: CausalLm>(
 }
 
 /// [`generate`] from token ids in a [`Session`]: the longest prefix of `prompt_ids` already in
-/// the session's cache is reused, the rest is prefilled (`timings.prompt_tokens` counts those).
-/// Afterwards the session holds `prompt_ids` and the generated tokens fed back.
+/// the session's cache is reused (for a model with recurrent layers, back to the end of the
+/// previous prompt at most: its checkpoint), the rest is prefilled (`timings.prompt_tokens`
+/// counts those). Afterwards the session holds `prompt_ids` and the generated tokens fed back.
 ///
 /// # Errors
 /// An empty prompt; tokenizer, model or device errors.
@@ -280,6 +287,8 @@ pub fn generate_ids<M: CausalLm>(
     let t0 = Instant::now();
     let logits = model.forward(&prompt_ids[reuse..], &mut session.cache, false)?;
     session.ids.extend_from_slice(&prompt_ids[reuse..]);
+    // The next turn's prompt starts with this one: a recurrent state can go back here.
+    model.checkpoint_cache(&mut session.cache);
     let mut token = next_token(logits, sampler)?;
     timings.prompt_ms = ms(t0.elapsed());
     generated.push(token);

@@ -1,5 +1,5 @@
 //! Model architectures over burn-gguf: one decoder skeleton ([`Decoder`]) for Gemma 3, Llama,
-//! Qwen3 and Qwen3-MoE, the tokenizer ([`GgufTokenizer`]) and chat template ([`ChatTemplate`])
+//! Qwen3, Qwen3-MoE and Qwen3.5 (dense and MoE: gated delta-net and gated attention layers), the tokenizer ([`GgufTokenizer`]) and chat template ([`ChatTemplate`])
 //! from GGUF metadata, sampling ([`Sampler`]), and generation with a KV cache on the device:
 //! one sequence ([`generate()`], [`Session`]) or several in one batched pass
 //! ([`Decoder::forward_batch`] over a [`BatchState`]).
@@ -21,16 +21,17 @@
 //! ```
 #![warn(missing_docs)]
 pub mod chat;
+pub mod config;
 pub mod decoder;
+mod delta_net;
 pub mod generate;
 pub mod sampling;
 pub mod state;
 pub mod tokenizer;
 
 pub use chat::{ChatTemplate, Message};
-pub use decoder::{
-    ARCHITECTURES, Activation, Decoder, DecoderConfig, Moe, RopeStyle, SlidingWindow, rms_norm,
-};
+pub use config::{ARCHITECTURES, DecoderConfig, DeltaNet, Moe, SlidingWindow};
+pub use decoder::{Activation, Decoder, RopeStyle, rms_norm};
 pub use generate::{CausalLm, Generation, Session, Timings, generate, generate_ids};
 pub use sampling::{Sampler, SamplerConfig};
 pub use state::{BatchState, LayerKind, LayerState, SequenceState};

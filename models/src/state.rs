@@ -6,7 +6,10 @@
 //! tokens' heads. The sequences of a batch share one cache tensor per layer, each in its own
 //! slot, so one kernel launch writes or attends for all of them ([`burn_gguf::CacheRows`]).
 //! Linear-attention layers (the gated delta-net layers of Qwen3.5, for one) keep a fixed-size
-//! recurrent state and a short convolution window instead ([`LayerState::Recurrent`]).
+//! recurrent state and a short convolution window instead ([`LayerState::Recurrent`]). Such
+//! a state cannot be cut back to an earlier position, so a slot can keep a copy of it at one
+//! position ([`BatchState::checkpoint`], taken after a prompt): a chat's next turn, whose
+//! rendered history starts with that prompt, resumes from there.
 use burn::tensor::{Device, Tensor};
 
 /// Positions a cache grows by at least, so growth is rare and sizes are few.
@@ -46,6 +49,19 @@ pub enum LayerKind {
         /// Values per head.
         head_dim: usize,
     },
+    /// A gated delta-net layer.
+    Recurrent {
+        /// Value heads (state matrices per slot).
+        n_head_v: usize,
+        /// Rows of each state matrix (key head size).
+        d_k: usize,
+        /// Columns of each state matrix (value head size).
+        d_v: usize,
+        /// Channels of the causal convolution.
+        channels: usize,
+        /// Taps of the causal convolution.
+        d_conv: usize,
+    },
 }
 
 /// The decode state of up to `slots` sequences decoded together (a server's running
@@ -59,6 +75,16 @@ pub struct BatchState {
     capacity: usize,
     /// Positions to allocate on first use (0: as needed).
     reserve: usize,
+    /// Per slot, the recurrent layers' state at one earlier position.
+    checkpoints: Vec<Option<Checkpoint>>,
+}
+
+/// One slot's recurrent states (and convolution windows) at position `len`, one entry per
+/// layer (`None` for an attention layer, whose cache keeps every position anyway).
+#[derive(Clone, Debug)]
+struct Checkpoint {
+    len: usize,
+    layers: Vec<Option<(Tensor<3>, Tensor<2>)>>,
 }
 
 impl BatchState {
@@ -70,6 +96,7 @@ impl BatchState {
             lens: vec![0; slots.max(1)],
             capacity: 0,
             reserve: 0,
+            checkpoints: vec![None; slots.max(1)],
         }
     }
 
@@ -105,20 +132,88 @@ impl BatchState {
     /// Keeps the first `len` positions of `slot` (nothing changes when `len >= len(slot)`),
     /// so a conversation reuses the state of its common prefix; `truncate(slot, 0)` frees the
     /// slot for a new sequence. A KV cache only forgets positions; a recurrent layer cannot go
-    /// back, so a slot of a model with one resets to empty instead. Returns the positions kept.
+    /// back, so a slot of a model with one goes back to its checkpoint if that is at or before
+    /// `len` ([`BatchState::checkpoint`]), else to empty. Returns the positions kept.
     pub fn truncate(&mut self, slot: usize, len: usize) -> usize {
-        let Some(now) = self.lens.get_mut(slot) else {
+        let Some(&now) = self.lens.get(slot) else {
             return 0;
         };
-        if len >= *now {
-            return *now;
+        if len >= now {
+            return now;
         }
         let recurrent = self
             .layers
             .iter()
             .any(|l| matches!(l, LayerState::Recurrent { .. }));
-        *now = if recurrent { 0 } else { len };
-        *now
+        let kept = if !recurrent {
+            len
+        } else {
+            match self.checkpoints[slot].take().filter(|c| c.len <= len) {
+                Some(c) => {
+                    self.restore(slot, &c);
+                    let kept = c.len;
+                    self.checkpoints[slot] = Some(c);
+                    kept
+                }
+                None => 0,
+            }
+        };
+        self.lens[slot] = kept;
+        kept
+    }
+
+    /// Remembers `slot`'s recurrent states at its current length, replacing an earlier
+    /// checkpoint, so a later [`BatchState::truncate`] to this length or past it keeps this
+    /// much. A copy of each recurrent layer's state for the slot (`n_head_v * d_k * d_v` and
+    /// `(d_conv - 1) * channels` f32 each), and nothing for a model without recurrent layers.
+    pub fn checkpoint(&mut self, slot: usize) {
+        let Some(&len) = self.lens.get(slot) else {
+            return;
+        };
+        let slots = self.slots();
+        let part = |rows: usize| slot * rows / slots..(slot + 1) * rows / slots;
+        let layers: Vec<_> = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Attention { .. } => None,
+                LayerState::Recurrent { state, conv } => {
+                    let [r, dk, dv] = state.dims();
+                    let [w, ch] = conv.dims();
+                    Some((
+                        state.clone().slice([part(r), 0..dk, 0..dv]),
+                        conv.clone().slice([part(w), 0..ch]),
+                    ))
+                }
+            })
+            .collect();
+        self.checkpoints[slot] = layers
+            .iter()
+            .any(Option::is_some)
+            .then_some(Checkpoint { len, layers });
+    }
+
+    /// Writes checkpoint `c` back into `slot`'s recurrent layers.
+    fn restore(&mut self, slot: usize, c: &Checkpoint) {
+        let slots = self.slots();
+        let part = |rows: usize| slot * rows / slots..(slot + 1) * rows / slots;
+        for (layer, saved) in self.layers.iter_mut().zip(&c.layers) {
+            if let (LayerState::Recurrent { state, conv }, Some((s, w))) = (layer, saved) {
+                let [r, dk, dv] = state.dims();
+                let [wr, ch] = conv.dims();
+                *state = state
+                    .clone()
+                    .slice_assign([part(r), 0..dk, 0..dv], s.clone());
+                *conv = conv.clone().slice_assign([part(wr), 0..ch], w.clone());
+            }
+        }
+    }
+
+    /// Forgets `slot`'s checkpoint (a pass starts the slot afresh).
+    pub(crate) fn forget_checkpoint(&mut self, slot: usize) {
+        if let Some(c) = self.checkpoints.get_mut(slot) {
+            *c = None;
+        }
     }
 
     /// Makes room for `positions` positions in every slot: allocates the layers on first use
@@ -243,6 +338,12 @@ impl SequenceState {
     pub fn truncate(&mut self, len: usize) -> usize {
         self.0.truncate(0, len)
     }
+
+    /// Remembers the recurrent layers' state at the current length (see
+    /// [`BatchState::checkpoint`]).
+    pub fn checkpoint(&mut self) {
+        self.0.checkpoint(0)
+    }
 }
 
 fn alloc(kind: LayerKind, slots: usize, capacity: usize, device: &Device) -> LayerState {
@@ -253,6 +354,16 @@ fn alloc(kind: LayerKind, slots: usize, capacity: usize, device: &Device) -> Lay
         } => LayerState::Attention {
             k: Tensor::zeros([slots * n_head_kv, capacity, head_dim], device),
             v: Tensor::zeros([slots * n_head_kv, capacity, head_dim], device),
+        },
+        LayerKind::Recurrent {
+            n_head_v,
+            d_k,
+            d_v,
+            channels,
+            d_conv,
+        } => LayerState::Recurrent {
+            state: Tensor::zeros([slots * n_head_v, d_k, d_v], device),
+            conv: Tensor::zeros([slots * (d_conv - 1), channels], device),
         },
     }
 }

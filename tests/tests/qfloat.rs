@@ -21,14 +21,22 @@ fn devices() -> [Device; 2] {
 }
 
 /// `blocks` as a QFloat tensor on `device`, dequantized by Burn; and the scheme it took.
-fn burn_dequantize(ty: GgmlType, blocks: &[u8], shape: [usize; 2], device: &Device) -> (Vec<f32>, String) {
+fn burn_dequantize(
+    ty: GgmlType,
+    blocks: &[u8],
+    shape: [usize; 2],
+    device: &Device,
+) -> (Vec<f32>, String) {
     let data = to_qfloat(ty, blocks, &shape, device).unwrap();
     let DType::QFloat(scheme) = data.dtype() else {
         panic!("{ty}: not a QFloat: {:?}", data.dtype())
     };
     let q = Tensor::<2>::from_data(data, device);
     let values = q.dequantize().into_data().try_to_vec::<f32>().unwrap();
-    (values, format!("{:?} {:?}", scheme.value, scheme.block_scale()))
+    (
+        values,
+        format!("{:?} {:?}", scheme.value, scheme.block_scale()),
+    )
 }
 
 fn assert_bits_eq(what: &str, got: &[f32], want: &[f32]) {
@@ -63,7 +71,11 @@ fn dequantize_equals_ggml_bit_for_bit() {
         let blocks = read_fixture("dequant/gemma_token_embd_Q8_0.blocks.bin");
         let want = read_f32s("dequant/gemma_token_embd_Q8_0.dequant_ggml.f32");
         let (got, scheme) = burn_dequantize(GgmlType::Q8_0, &blocks, [24, 640], &device);
-        assert_bits_eq(&format!("Gemma Q8_0 as {scheme} on {device:?}"), &got, &want);
+        assert_bits_eq(
+            &format!("Gemma Q8_0 as {scheme} on {device:?}"),
+            &got,
+            &want,
+        );
     }
 }
 
@@ -80,7 +92,11 @@ fn mxfp4_extreme_scales_equal_the_codec() {
             }
             let want = ggml_codec::dequantize_to_vec(GgmlType::MXFP4, &blocks, 4 * 256).unwrap();
             let (got, scheme) = burn_dequantize(GgmlType::MXFP4, &blocks, [4, 256], &device);
-            assert_bits_eq(&format!("MXFP4 e {e:?} as {scheme} on {device:?}"), &got, &want);
+            assert_bits_eq(
+                &format!("MXFP4 e {e:?} as {scheme} on {device:?}"),
+                &got,
+                &want,
+            );
         }
     }
 }
@@ -98,7 +114,11 @@ fn quantized_matmul_is_within_1e_4_of_f64() {
         let w = ggml_codec::dequantize_to_vec(ty, &blocks, rows * cols).unwrap();
         let q = Tensor::<2>::from_data(to_qfloat(ty, &blocks, &SHAPE, &device).unwrap(), &device);
         let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [m, cols]), &device);
-        let y = xt.matmul(q.transpose()).into_data().try_to_vec::<f32>().unwrap();
+        let y = xt
+            .matmul(q.transpose())
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
         for r in 0..m {
             for n in 0..rows {
                 let (mut dot, mut mag) = (0f64, 0f64);
@@ -161,8 +181,16 @@ fn the_store_keeps_q8_0_quantized() {
     );
     let plain = load(LinearLayout::Row, false);
     let x = Tensor::<2>::from_data(TensorData::new(rand_vec(2 * inp, 5), [2, inp]), &device);
-    let a = native.q.forward(x.clone()).into_data().try_to_vec::<f32>().unwrap();
+    let a = native
+        .q
+        .forward(x.clone())
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
     let b = plain.q.forward(x).into_data().try_to_vec::<f32>().unwrap();
     let worst = burn_gguf_tests::max_abs_diff(&a, &b);
-    assert!(worst <= 1e-4, "QFloat and dequantized nn::Linear differ by {worst}");
+    assert!(
+        worst <= 1e-4,
+        "QFloat and dequantized nn::Linear differ by {worst}"
+    );
 }

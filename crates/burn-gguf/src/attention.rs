@@ -15,8 +15,9 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 pub use ggml_kernels::{AttentionShape, QkRopeShape};
 
 /// Rotary angles of positions `0..positions`: `cos` and `sin` of
-/// `p * base^(-2i / head_dim) / freq_factors[i]`, `[positions, head_dim / 2]` f32 each,
-/// computed in f64 on the host once and kept on the device.
+/// `p * base^(-2i / dims) / freq_factors[i]`, `[positions, dims / 2]` f32 each, computed in
+/// f64 on the host once and kept on the device. `dims` is the head size, or the rotated part
+/// of it with partial rotary (llama.cpp `rope.dimension_count`).
 #[derive(Clone, Debug)]
 pub struct RopeTable {
     /// `[positions, head_dim / 2]`.
@@ -26,9 +27,9 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    /// The table of `positions` positions for heads of `head_dim` (even) with RoPE base
-    /// `base`; `freq_factors` (`head_dim / 2` values, llama.cpp `rope_freqs`) divide the
-    /// frequencies where given.
+    /// The table of `positions` positions rotating `head_dim` (even) values of each head with
+    /// RoPE base `base`; `freq_factors` (`head_dim / 2` values, llama.cpp `rope_freqs`) divide
+    /// the frequencies where given.
     pub fn new(
         positions: usize,
         head_dim: usize,
@@ -136,7 +137,7 @@ impl CacheRows {
 
     /// Runs of consecutive rows in one slot at consecutive positions: `(first row, slot,
     /// first position, rows)` each (one run for a sequence's rows).
-    fn runs(&self) -> Vec<(usize, usize, usize, usize)> {
+    pub(crate) fn runs(&self) -> Vec<(usize, usize, usize, usize)> {
         let mut runs: Vec<(usize, usize, usize, usize)> = Vec::new();
         for (t, &(c, p)) in self.rows.iter().enumerate() {
             match runs.last_mut() {
@@ -154,8 +155,9 @@ impl CacheRows {
 /// RMS-normalises Q and K per head (`norm`), rotates them by each token's position in `rows`
 /// (`table`, `style`), and stores K and V into `k_cache` / `v_cache` `[slots * n_head_kv,
 /// capacity, head_dim]` at each token's slot and position. Returns the queries
-/// `[n, n_head, head_dim]` and the caches. `layout.positions` is set here (the table's rows,
-/// at most the capacity).
+/// `[n, n_head, head_dim]` and the caches. `layout.positions` and `layout.rope_dims` are set
+/// here (the table's rows, at most the capacity, and twice its columns: a table of fewer
+/// than `head_dim / 2` angles rotates only the first values of each head).
 ///
 /// On a CubeCL device this is one kernel ([`GgmlOps::ggml_qk_rope_cache`]) that writes the
 /// caches in place (copying them first only if another tensor shares their buffers);
@@ -187,6 +189,7 @@ pub fn qk_rope_cache(
     } = layout;
     let layout = QkRopeShape {
         positions: table.positions().min(capacity),
+        rope_dims: 2 * table.cos.dims()[1],
         ..layout
     };
     let cache = [slots * n_head_kv, capacity, hd];

@@ -27,6 +27,7 @@
 //! ```
 #![warn(missing_docs)]
 pub mod attention;
+pub mod delta_net;
 pub mod device;
 pub mod loader;
 pub mod moe;
@@ -41,6 +42,7 @@ pub mod write;
 pub use attention::{
     AttentionShape, CacheRows, QkNorm, QkRopeShape, RopeTable, attention, qk_rope_cache,
 };
+pub use delta_net::{DeltaNetShape, causal_conv_silu, gated_delta_net};
 pub use device::{Adapter, adapters, select_device};
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
 pub use moe::{ExpertRows, GgmlExperts, moe_route};

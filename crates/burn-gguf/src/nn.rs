@@ -50,22 +50,30 @@ pub enum RopeStyle {
 }
 
 /// Rotary position embedding: `x` `[n, heads, d]` f32, each pair `i` of token `t`'s heads
-/// rotated by the angle whose cosine and sine are `cos[t, i]` and `sin[t, i]` (`[n, d/2]` f32
-/// each): `(x1 cos - x2 sin, x1 sin + x2 cos)`, the pairs as `style` says. The shape of `x`.
-/// On a CubeCL device one kernel ([`ggml_kernels::launch_rope`]); elsewhere Burn ops.
+/// rotated by the angle whose cosine and sine are `cos[t, i]` and `sin[t, i]` (`[n, r/2]` f32
+/// each): `(x1 cos - x2 sin, x1 sin + x2 cos)`, the pairs as `style` says among the first `r`
+/// values of each head (`r` = `d` but for partial rotary, e.g. Qwen3.5's 16 of 64); values
+/// past `r` are kept. The shape of `x`. On a CubeCL device one kernel
+/// ([`ggml_kernels::launch_rope`]); elsewhere Burn ops.
 ///
 /// # Panics
-/// If the tables are not `[n, d/2]` (a programming error in the caller's shapes).
+/// If the tables are not `[n, r/2]` with `r` even and at most `d` (a programming error in the
+/// caller's shapes).
 pub fn rope(x: Tensor<3>, cos: &Tensor<2>, sin: &Tensor<2>, style: RopeStyle) -> Tensor<3> {
     let [n, h, d] = x.dims();
-    let half = d / 2;
+    let half = cos.dims()[1];
     assert!(
-        d % 2 == 0 && cos.dims() == [n, half] && sin.dims() == [n, half],
+        2 * half <= d && half > 0 && cos.dims() == [n, half] && sin.dims() == [n, half],
         "rope: x {:?}, cos {:?}, sin {:?}",
         x.dims(),
         cos.dims(),
         sin.dims()
     );
+    if 2 * half < d {
+        let kept = x.clone().narrow(2, 2 * half, d - 2 * half);
+        let rotated = rope(x.narrow(2, 0, 2 * half), cos, sin, style);
+        return Tensor::cat(vec![rotated, kept], 2);
+    }
     if is_cube(&x.device()) {
         return Tensor::from_dispatch(Dispatch::ggml_rope(
             x.into_dispatch(),

@@ -105,9 +105,13 @@ pub fn to_qfloat(
         }
     };
     let shape_err = |why: String| Error::Shape(format!("{ty} tensor of shape {shape:?}: {why}"));
-    let last = *shape.last().ok_or_else(|| shape_err("no dimension".into()))?;
+    let last = *shape
+        .last()
+        .ok_or_else(|| shape_err("no dimension".into()))?;
     if last % QK != 0 {
-        return Err(shape_err(format!("the last dimension is not a multiple of {QK}")));
+        return Err(shape_err(format!(
+            "the last dimension is not a multiple of {QK}"
+        )));
     }
     let n: usize = shape
         .iter()

@@ -33,6 +33,8 @@ pub struct AttentionCase {
     pub n_head_kv: usize,
     /// Values per head.
     pub head_dim: usize,
+    /// Values of each head RoPE rotates (the rest are copied).
+    pub rope_dims: usize,
     /// Sliding window, if any.
     pub window: Option<usize>,
     /// Per-head RMSNorm of Q and K.
@@ -45,7 +47,7 @@ impl AttentionCase {
     /// A short label for tables.
     pub fn label(&self) -> String {
         format!(
-            "{}{}n={} past={} heads={}/{} d={} window={} {}{}",
+            "{}{}n={} past={} heads={}/{} d={} rot={} window={} {}{}",
             if self.batch { "batch " } else { "" },
             if self.key_per_unit {
                 "key-per-unit "
@@ -57,6 +59,7 @@ impl AttentionCase {
             self.n_head,
             self.n_head_kv,
             self.head_dim,
+            self.rope_dims,
             self.window.map_or("-".into(), |w| w.to_string()),
             if self.neox { "neox" } else { "norm" },
             if self.norm { "+qk-norm" } else { "" }
@@ -67,8 +70,9 @@ impl AttentionCase {
 /// The cases `cargo xtask kernel-test --op attention` runs and the tests sample: 1 and 8
 /// query rows (and a 37-row prefill), GQA ratios 1, 2 and 8, contexts shorter than one split,
 /// not a multiple of it and several splits long ([`crate::attention::ATTENTION_SPLIT`]),
-/// windows shorter and longer than the context, both RoPE pairings, with and without Q/K norm;
-/// and batches of 1 to 8 sequences at different positions.
+/// windows shorter and longer than the context, both RoPE pairings, with and without Q/K norm,
+/// RoPE over whole heads and over their first values only (Qwen3.5: 16 of 64); and batches of
+/// 1 to 8 sequences at different positions.
 pub fn attention_cases() -> Vec<AttentionCase> {
     let case = |n, past, n_head, n_head_kv, head_dim, window, norm, neox| AttentionCase {
         n,
@@ -78,6 +82,7 @@ pub fn attention_cases() -> Vec<AttentionCase> {
         n_head,
         n_head_kv,
         head_dim,
+        rope_dims: head_dim,
         window,
         norm,
         neox,
@@ -94,6 +99,14 @@ pub fn attention_cases() -> Vec<AttentionCase> {
         case(8, 20, 4, 1, 16, Some(512), true, true),
         case(1, 700, 2, 1, 32, Some(512), false, true),
         case(37, 3, 4, 2, 16, Some(20), true, true),
+        AttentionCase {
+            rope_dims: 16,
+            ..case(8, 5, 4, 2, 64, None, true, true)
+        },
+        AttentionCase {
+            rope_dims: 6,
+            ..case(1, 30, 2, 1, 24, None, false, false)
+        },
         AttentionCase {
             batch: true,
             ..case(8, 300, 8, 1, 64, None, true, true)
@@ -161,11 +174,12 @@ pub fn attention_error(
         n_head: nh,
         n_head_kv: nkv,
         head_dim: hd,
+        rope_dims,
         window,
         norm,
         neox,
     } = case;
-    let half = hd / 2;
+    let half = rope_dims / 2;
     let (slots, rows) = case.rows();
     let positions = rows.iter().map(|r| r.1 + 1).max().unwrap_or(0);
     let capacity = positions + 3;
@@ -186,7 +200,7 @@ pub fn attention_error(
     let mut sin = Vec::with_capacity(positions * half);
     for p in 0..positions {
         for i in 0..half {
-            let a = p as f64 * 10_000f64.powf(-2.0 * i as f64 / hd as f64);
+            let a = p as f64 * 10_000f64.powf(-2.0 * i as f64 / rope_dims as f64);
             cos.push(a.cos() as f32);
             sin.push(a.sin() as f32);
         }
@@ -226,6 +240,7 @@ pub fn attention_error(
             n_head: nh,
             n_head_kv: nkv,
             head_dim: hd,
+            rope_dims,
             qk_stride: stride,
             k_off: nh * hd,
             v_stride: stride,
@@ -289,7 +304,8 @@ pub fn attention_error(
         let x: Vec<f64> = (0..hd)
             .map(|d| src[d] as f64 * if norm { inv * w[d] as f64 } else { 1.0 })
             .collect();
-        let mut y = vec![0f64; hd];
+        // Values past the rotated ones are copied.
+        let mut y = x.clone();
         for i in 0..half {
             let (a, b) = if neox {
                 (i, i + half)
