@@ -10,9 +10,11 @@ use cubecl::prelude::*;
 use gguf::GgmlType;
 
 pub mod attention;
+pub mod delta_net;
 pub mod moe;
 pub mod top_k;
 pub use attention::{ATTENTION_TOL, AttentionCase, attention_cases, attention_error};
+pub use delta_net::{DELTA_NET_TOL, DeltaNetCase, delta_net_cases, delta_net_error};
 pub use moe::{GemvIdCase, ROUTE_TOL, gemv_id_error, route_cases, route_error, route_input};
 pub use top_k::{top_k_cases, top_k_error, top_k_input, top_k_mismatches};
 

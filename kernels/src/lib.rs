@@ -11,7 +11,9 @@
 //!   each: [`launch_rms_norm`] (RMSNorm with its weight), [`launch_add_rms_norm`] (residual add
 //!   and the next norm), [`launch_rope`] (rotary position embedding), [`launch_glu`]
 //!   (`act(gate) * up`), and attention over a KV cache on the device
-//!   ([`launch_qk_rope_cache`], [`launch_attention`]); [`launch_top_k`] for sampling;
+//!   ([`launch_qk_rope_cache`], [`launch_attention`]); linear attention over a recurrent
+//!   state (Qwen3.5's gated delta net: [`launch_causal_conv`], [`launch_gated_delta_net`]);
+//!   [`launch_top_k`] for sampling;
 //! - mixture of experts without host round-trips: [`launch_moe_route`] (softmax, top-k,
 //!   renormalisation) and [`launch_gemv_id`] (the expert GEMV taking its experts from a buffer
 //!   of ids, llama.cpp's `mul_mat_id`).
@@ -53,6 +55,7 @@
 #![warn(missing_docs)]
 pub mod attention;
 pub mod check;
+pub mod delta_net;
 pub mod dequantize;
 pub mod formats;
 pub mod gemv;
@@ -77,6 +80,7 @@ use gguf::GgmlType;
 use wgsl_cache::launch_unchecked_cached;
 
 pub use attention::{AttentionShape, launch_attention};
+pub use delta_net::{DeltaNetShape, launch_causal_conv, launch_gated_delta_net};
 pub use gemv_config::GemvConfig;
 pub use glu::launch_glu;
 pub use kv_cache::{QkRopeShape, launch_qk_rope_cache};

@@ -9,7 +9,7 @@
 use crate::Error;
 use crate::config::DecoderConfig;
 use burn::tensor::Tensor;
-use burn::tensor::activation::{sigmoid, silu, softplus};
+use burn::tensor::activation::silu;
 use burn_gguf::{CacheRows, GgmlLinear, GgufLoader, causal_conv_silu, gated_delta_net, rms_norm};
 
 /// The input projections `[qkv; z; beta; alpha]`, stacked into one weight where the types
@@ -146,9 +146,19 @@ impl DeltaNetLayer {
             x.clone().narrow(1, kd, kd),
             x.narrow(1, 2 * kd, vd),
         );
-        let g = softplus(alpha + self.dt_bias.clone().reshape([1, hv]), 1.0)
-            * self.a.clone().reshape([1, hv]);
-        let (o, state) = gated_delta_net(q, k, v, g, sigmoid(beta), state, rows, s, c.rms_eps);
+        let (o, state) = gated_delta_net(
+            q,
+            k,
+            v,
+            alpha,
+            beta,
+            &self.dt_bias,
+            &self.a,
+            state,
+            rows,
+            s,
+            c.rms_eps,
+        );
         let o = rms_norm(o.reshape([n, hv, s.d_v]), &self.norm, c.rms_eps)
             * silu(z.reshape([n, hv, s.d_v]));
         (self.out.forward(o.reshape([n, vd])), state, window)

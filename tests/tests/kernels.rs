@@ -504,6 +504,25 @@ fn attention_kernels() {
     }
 }
 
+/// The delta-net kernels (causal convolution with its window, the gated delta rule with its
+/// state) against float64 references (`ggml_kernels::check::delta_net_error`): every case of
+/// `delta_net_cases` (1 and 8 sequences, prompts from position 0 and after earlier tokens, a
+/// 150-token prompt, head ratios 1 to 4, state sizes 16 to 128). The slot no row names stays
+/// bit for bit as it was.
+#[test]
+fn delta_net_kernels() {
+    let device = burn_gguf::default_device();
+    let client = burn_gguf::cube_client(&device).expect("a CubeCL device");
+    for (i, case) in ggml_kernels::check::delta_net_cases()
+        .into_iter()
+        .enumerate()
+    {
+        let err = ggml_kernels::check::delta_net_error(&client, case, 110 + i as u64)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+        assert!(err <= 1.0, "{}: error {err} x the bound", case.label());
+    }
+}
+
 /// The residual step (one kernel on this device) against `x + rms_norm(o, pre)` and the next
 /// norm in f64, with and without the pre-norm, on rows of Gemma 3 270M's width with values up
 /// to 1e4.

@@ -64,7 +64,7 @@ impl Row {
     }
 }
 
-/// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `big`, `attention`,
+/// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `big`, `attention`, `delta_net`,
 /// `top_k`, `moe`); prints the table. Returns the number of failures.
 ///
 /// Kernels run from WGSL text as in every process (`ggml_kernels::wgsl_cache`), generated here:
@@ -227,6 +227,17 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
             let e = ggml_kernels::check::attention_error(&client, case, 40 + i as u64)
                 .map_err(|e| e.to_string());
             push("qk_rope_cache + attention".into(), case.label(), e);
+        }
+    }
+    // The delta-net kernels (Qwen3.5's linear attention): no ggml type either.
+    if op.is_none_or(|o| o == "delta_net") && ty.is_none() {
+        for (i, case) in ggml_kernels::check::delta_net_cases()
+            .into_iter()
+            .enumerate()
+        {
+            let e = ggml_kernels::check::delta_net_error(&client, case, 110 + i as u64)
+                .map_err(|e| e.to_string());
+            push("causal_conv + gated_delta_net".into(), case.label(), e);
         }
     }
     // MoE routing (no ggml type) and the expert GEMV of every type.

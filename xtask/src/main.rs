@@ -53,7 +53,7 @@ enum Command {
         /// Only this op: gemv, dequantize, big (262,144-row and over-128-MiB shapes),
         /// attention (the KV-cache step and attention kernels), top_k, moe (routing and the
         /// expert GEMV).
-        #[arg(long, value_parser = ["gemv", "dequantize", "big", "attention", "top_k", "moe"])]
+        #[arg(long, value_parser = ["gemv", "dequantize", "big", "attention", "delta_net", "top_k", "moe"])]
         op: Option<String>,
     },
     /// Benchmark the packed path on the wgpu device: fused GEMV per ggml type and shape (1 and 8

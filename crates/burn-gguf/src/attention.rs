@@ -81,7 +81,7 @@ pub struct QkNorm<'a> {
 #[derive(Clone, Debug)]
 pub struct CacheRows {
     rows: Vec<(usize, usize)>,
-    device: Tensor<1, Int>,
+    pub(crate) device: Tensor<1, Int>,
 }
 
 impl CacheRows {

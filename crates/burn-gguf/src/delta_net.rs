@@ -9,34 +9,13 @@
 //! position each token row of a pass has. A run of rows that starts at position 0 starts from
 //! a zero state (a slot reused for a new sequence needs no reset).
 use crate::attention::CacheRows;
+use crate::nn::is_cube;
+use crate::ops::GgmlOps;
+use burn::backend::Dispatch;
 use burn::tensor::Tensor;
-use burn::tensor::activation::silu;
+use burn::tensor::activation::{sigmoid, silu, softplus};
 
-/// Sizes of a gated delta-net layer (llama.cpp `ssm.*` keys).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeltaNetShape {
-    /// Key (and query) heads, `ssm.group_count`.
-    pub n_head_k: usize,
-    /// Value heads, `ssm.time_step_rank`: a multiple of `n_head_k`; value head `h` reads key
-    /// head `h % n_head_k` (tiled, as llama.cpp's converter orders them).
-    pub n_head_v: usize,
-    /// Values per key head, `ssm.state_size`.
-    pub d_k: usize,
-    /// Values per value head, `ssm.state_size`.
-    pub d_v: usize,
-}
-
-impl DeltaNetShape {
-    /// Query (= key) width, `n_head_k * d_k`.
-    pub fn key_dim(&self) -> usize {
-        self.n_head_k * self.d_k
-    }
-
-    /// Value width, `n_head_v * d_v` (`ssm.inner_size`).
-    pub fn value_dim(&self) -> usize {
-        self.n_head_v * self.d_v
-    }
-}
+pub use ggml_kernels::DeltaNetShape;
 
 /// Causal depthwise convolution of `x` `[n, channels]` with `weight` `[channels, d_conv]`
 /// (ggml `ssm_conv1d` `{d_conv, channels}`), then SiLU: the output of row `t` is
@@ -44,6 +23,10 @@ impl DeltaNetShape {
 /// the earlier ones on the sequence's previous rows, from `window` (`[slots * (d_conv - 1),
 /// channels]`: each slot's last `d_conv - 1` inputs) before the pass. Returns the output
 /// `[n, channels]` and the windows after the pass. llama.cpp `ggml_ssm_conv` + `ggml_silu`.
+///
+/// On a CubeCL device one kernel ([`GgmlOps::ggml_causal_conv`]) that updates the windows in
+/// place (copying them first only if another tensor shares their buffer); elsewhere Burn ops
+/// per run of rows in one slot.
 ///
 /// # Panics
 /// If the shapes disagree, or a row's slot is out of range or a slot's rows are not at
@@ -67,6 +50,15 @@ pub fn causal_conv_silu(
         rows.len()
     );
     let slots = wr / taps;
+    if is_cube(&x.device()) {
+        let (out, window) = Dispatch::ggml_causal_conv(
+            x.into_dispatch(),
+            weight.clone().into_dispatch(),
+            window.into_dispatch(),
+            rows.device.clone().into_dispatch(),
+        );
+        return (Tensor::from_dispatch(out), Tensor::from_dispatch(window));
+    }
     let dev = x.device();
     let mut window = window;
     let mut out = Vec::new();
@@ -93,11 +85,12 @@ pub fn causal_conv_silu(
     (Tensor::cat(out, 0), window)
 }
 
-/// The gated delta rule over each sequence's tokens (llama.cpp `ggml_gated_delta_net`): per
-/// value head `h` with state `S` `[d_k, d_v]` (from `state` `[slots * n_head_v, d_k, d_v]`,
-/// slot `c`'s head `h` at row `c * n_head_v + h`), and per token, with `q`, `k` of key head
-/// `h % n_head_k` L2-normalised (`x / sqrt(sum x^2 + eps)`, llama.cpp `build_gdn_l2_norm`) and
-/// `q` scaled by `1 / sqrt(d_k)`:
+/// The gated delta rule over each sequence's tokens (llama.cpp `ggml_gated_delta_net`, with
+/// the gates of `qwen35.cpp`): per value head `h` with state `S` `[d_k, d_v]` (from `state`
+/// `[slots * n_head_v, d_k, d_v]`, slot `c`'s head `h` at row `c * n_head_v + h`), and per
+/// token, with `q`, `k` of key head `h % n_head_k` L2-normalised (`x / sqrt(sum x^2 + eps)`,
+/// llama.cpp `build_gdn_l2_norm`), `q` scaled by `1 / sqrt(d_k)`, the decay
+/// `g = softplus(alpha + dt_bias) * a` and the write strength `beta = sigmoid(beta_raw)`:
 ///
 /// ```text
 /// S <- S * exp(g)            (g <= 0: the decay, per head)
@@ -106,8 +99,14 @@ pub fn causal_conv_silu(
 /// o <- S^T q
 /// ```
 ///
-/// `q`, `k` `[n, n_head_k * d_k]`, `v` `[n, n_head_v * d_v]`, `g`, `beta` `[n, n_head_v]`, all
-/// f32. Returns `o` `[n, n_head_v * d_v]` and the states after the pass.
+/// `q`, `k` `[n, n_head_k * d_k]`, `v` `[n, n_head_v * d_v]`, `alpha`, `beta_raw`
+/// `[n, n_head_v]` (the `ssm_alpha`, `ssm_beta` projections), `dt_bias`, `a` `[n_head_v]`
+/// (`ssm_dt.bias`, `ssm_a` = `-exp(A_log)`), all f32. Returns `o` `[n, n_head_v * d_v]` and the
+/// states after the pass.
+///
+/// On a CubeCL device one kernel ([`GgmlOps::ggml_gated_delta_net`]) that updates the states in
+/// place (copying them first only if another tensor shares their buffer); elsewhere Burn ops,
+/// token by token.
 ///
 /// # Panics
 /// If the shapes disagree with `shape`, or a row's slot is out of range or a slot's rows are
@@ -117,8 +116,10 @@ pub fn gated_delta_net(
     q: Tensor<2>,
     k: Tensor<2>,
     v: Tensor<2>,
-    g: Tensor<2>,
-    beta: Tensor<2>,
+    alpha: Tensor<2>,
+    beta_raw: Tensor<2>,
+    dt_bias: &Tensor<1>,
+    a: &Tensor<1>,
     state: Tensor<3>,
     rows: &CacheRows,
     shape: DeltaNetShape,
@@ -138,21 +139,42 @@ pub fn gated_delta_net(
             && q.dims() == [n, hk * dk]
             && k.dims() == [n, hk * dk]
             && v.dims() == [n, hv * dv]
-            && g.dims() == [n, hv]
-            && beta.dims() == [n, hv]
+            && alpha.dims() == [n, hv]
+            && beta_raw.dims() == [n, hv]
+            && dt_bias.dims() == [hv]
+            && a.dims() == [hv]
             && [sk, sv] == [dk, dv]
             && sr.is_multiple_of(hv)
             && rows.len() == n,
-        "gated_delta_net: q {:?}, k {:?}, v {:?}, g {:?}, beta {:?}, state {:?} for {shape:?}",
+        "gated_delta_net: q {:?}, k {:?}, v {:?}, alpha {:?}, beta {:?}, state {:?} for {shape:?}",
         q.dims(),
         k.dims(),
         v.dims(),
-        g.dims(),
-        beta.dims(),
+        alpha.dims(),
+        beta_raw.dims(),
         state.dims()
     );
+    if is_cube(&q.device()) {
+        let (o, state) = Dispatch::ggml_gated_delta_net(
+            q.into_dispatch(),
+            k.into_dispatch(),
+            v.into_dispatch(),
+            alpha.into_dispatch(),
+            beta_raw.into_dispatch(),
+            dt_bias.clone().into_dispatch(),
+            a.clone().into_dispatch(),
+            state.into_dispatch(),
+            rows.device.clone().into_dispatch(),
+            shape,
+            eps,
+        );
+        return (Tensor::from_dispatch(o), Tensor::from_dispatch(state));
+    }
     let slots = sr / hv;
     let dev = q.device();
+    // softplus is x past 20 (ggml), where log(1 + e^x) rounds to x in f32 anyway.
+    let g = softplus(alpha + dt_bias.clone().reshape([1, hv]), 1.0) * a.clone().reshape([1, hv]);
+    let beta = sigmoid(beta_raw);
     let l2 = |x: Tensor<2>| {
         let x = x.reshape([n, hk, dk]);
         let inv = (x.clone().powi_scalar(2).sum_dim(2) + eps as f64)

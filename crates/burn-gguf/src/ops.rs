@@ -1,7 +1,7 @@
 //! The backend extension: ggml-quant ops on Burn tensors, and the per-layer ops of the models
 //! that Burn's ops run as several kernels each (RMSNorm, the residual add with the next norm,
-//! RoPE, the gated FFN activation, the KV-cache write and attention), and MoE routing and the
-//! expert GEMV.
+//! RoPE, the gated FFN activation, the KV-cache write and attention, the delta-net convolution
+//! and recurrence), and MoE routing and the expert GEMV.
 //!
 //! Implemented for every CubeCL runtime (`CubeBackend`) and, lazily, for `Fusion<CubeBackend>`
 //! (Burn's default wgpu backend), so an op's output feeds fused Burn ops directly. The weights are
@@ -157,6 +157,51 @@ pub trait GgmlOps: burn::backend::Backend {
         layout: ggml_kernels::AttentionShape,
         scale: f32,
     ) -> FloatTensor<Self>;
+
+    /// Causal depthwise convolution and SiLU over each sequence's rows, one kernel
+    /// ([`ggml_kernels::launch_causal_conv`]): `x` `[n, ch]`, `weight` `[ch, d_conv]`,
+    /// `window` `[slots * (d_conv - 1), ch]` f32, `rows` `[n * 2]` u32 (each row's slot and
+    /// position). Returns the output `[n, ch]` and the windows after the pass (written in
+    /// place when no other tensor shares their buffer).
+    #[fusion(meta = |x: &burn::backend::fusion::custom::TensorSpec, _w,
+        window: &burn::backend::fusion::custom::TensorSpec, _rows| (
+        burn::backend::fusion::custom::TensorSpec::new(x.shape.clone(), x.dtype),
+        window.clone(),
+    ))]
+    fn ggml_causal_conv(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        window: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The gated delta rule over each sequence's rows, one kernel
+    /// ([`ggml_kernels::launch_gated_delta_net`]): `q`, `k` `[n, n_head_k * d_k]`, `v`
+    /// `[n, n_head_v * d_v]`, `alpha`, `beta` `[n, n_head_v]` (raw projections), `dt_bias`,
+    /// `a` `[n_head_v]`, `state` `[slots * n_head_v, d_k, d_v]` f32, `rows` `[n * 2]` u32.
+    /// Returns the output `[n, n_head_v * d_v]` and the states after the pass (written in
+    /// place when no other tensor shares their buffer).
+    #[fusion(meta = |q: &burn::backend::fusion::custom::TensorSpec, _k, _v, _alpha, _beta, _dt, _a,
+        state: &burn::backend::fusion::custom::TensorSpec, _rows,
+        shape: &ggml_kernels::DeltaNetShape, _eps| (
+        burn::backend::fusion::custom::TensorSpec::new(
+            burn::tensor::Shape::new([q.shape[0], shape.value_dim()]), q.dtype),
+        state.clone(),
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn ggml_gated_delta_net(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        alpha: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        dt_bias: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        state: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+        shape: ggml_kernels::DeltaNetShape,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// The `k` largest values of each row of `x` `[rows, n]` f32 and their columns, best first
     /// (larger value, then smaller column), one or two kernels ([`ggml_kernels::top_k`]):
@@ -532,6 +577,93 @@ impl GgmlOps for CubeBackend {
         )
         .unwrap_or_else(|e| panic!("ggml_qk_rope_cache: {e}"));
         (q, k_cache, v_cache)
+    }
+
+    fn ggml_causal_conv(
+        x: CubeTensor,
+        weight: CubeTensor,
+        window: CubeTensor,
+        rows: CubeTensor,
+    ) -> (CubeTensor, CubeTensor) {
+        for t in [&x, &weight, &window] {
+            assert_eq!(t.dtype, DType::F32, "ggml_causal_conv takes f32 tensors");
+        }
+        assert_eq!(rows.dtype, DType::U32, "ggml_causal_conv takes u32 rows");
+        let [x, weight, rows] = [x, weight, rows].map(burn_cubecl::kernel::into_contiguous);
+        let window = owned(window);
+        let [n, ch] = rows_cols(x.meta.shape());
+        let d_conv = rows_cols(weight.meta.shape())[1];
+        let slots = rows_cols(window.meta.shape())[0] / d_conv.saturating_sub(1).max(1);
+        let out = empty_f32(&x, x.meta.shape().clone());
+        let client = x.client.clone();
+        ggml_kernels::launch_causal_conv(
+            &client,
+            x.into_buffer_arg(),
+            weight.into_buffer_arg(),
+            rows.into_buffer_arg(),
+            window.clone().into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            n,
+            ch,
+            d_conv,
+            slots,
+        )
+        .unwrap_or_else(|e| panic!("ggml_causal_conv: {e}"));
+        (out, window)
+    }
+
+    fn ggml_gated_delta_net(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        alpha: CubeTensor,
+        beta: CubeTensor,
+        dt_bias: CubeTensor,
+        a: CubeTensor,
+        state: CubeTensor,
+        rows: CubeTensor,
+        shape: ggml_kernels::DeltaNetShape,
+        eps: f32,
+    ) -> (CubeTensor, CubeTensor) {
+        let inputs = [q, k, v, alpha, beta, dt_bias, a];
+        for t in inputs.iter().chain([&state]) {
+            assert_eq!(
+                t.dtype,
+                DType::F32,
+                "ggml_gated_delta_net takes f32 tensors"
+            );
+        }
+        assert_eq!(
+            rows.dtype,
+            DType::U32,
+            "ggml_gated_delta_net takes u32 rows"
+        );
+        let rows = burn_cubecl::kernel::into_contiguous(rows);
+        let [q, k, v, alpha, beta, dt_bias, a] = inputs.map(burn_cubecl::kernel::into_contiguous);
+        let state = owned(state);
+        let n = rows_cols(q.meta.shape())[0];
+        let slots = state.meta.shape()[0] / shape.n_head_v.max(1);
+        let out = empty_f32(&q, Shape::new([n, shape.value_dim()]));
+        let client = q.client.clone();
+        ggml_kernels::launch_gated_delta_net(
+            &client,
+            q.into_buffer_arg(),
+            k.into_buffer_arg(),
+            v.into_buffer_arg(),
+            alpha.into_buffer_arg(),
+            beta.into_buffer_arg(),
+            dt_bias.into_buffer_arg(),
+            a.into_buffer_arg(),
+            rows.into_buffer_arg(),
+            state.clone().into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            n,
+            slots,
+            shape,
+            eps,
+        )
+        .unwrap_or_else(|e| panic!("ggml_gated_delta_net: {e}"));
+        (out, state)
     }
 
     fn ggml_attention(
