@@ -43,7 +43,8 @@ fn run_len(rows: &[u32], t: u32, n: u32, slot: u32, pos: u32) -> u32 {
 }
 
 /// Causal depthwise convolution and SiLU: one unit per row and channel; the units of a run's
-/// first row walk the run. Output row `t`, channel `c`:
+/// first row walk the run. Input row `t` is `x[t * x_stride..][..ch]` (the first columns of a
+/// wider projection). Output row `t`, channel `c`:
 /// `silu(sum_j input(t - (d_conv - 1) + j) * weight[c, j])`, where inputs before the run come
 /// from the slot's `window` rows (`[slots * (d_conv - 1), ch]`, oldest first; zeros when the
 /// run starts at position 0). Afterwards the window holds the run's last `d_conv - 1` inputs.
@@ -57,6 +58,7 @@ pub(crate) fn causal_conv(
     out: &mut [f32],
     n: u32,
     ch: u32,
+    x_stride: u32,
     d_conv: u32,
     slots: u32,
 ) {
@@ -81,7 +83,7 @@ pub(crate) fn causal_conv(
                 let ii = s + j;
                 let mut v = 0.0f32;
                 if ii >= taps {
-                    v = x[((t + ii - taps) * ch + c) as usize];
+                    v = x[((t + ii - taps) * x_stride + c) as usize];
                 } else if !fresh {
                     v = window[((held + ii) * ch + c) as usize];
                 }
@@ -95,7 +97,7 @@ pub(crate) fn causal_conv(
             let ii = len + r;
             let mut v = 0.0f32;
             if ii >= taps {
-                v = x[((t + ii - taps) * ch + c) as usize];
+                v = x[((t + ii - taps) * x_stride + c) as usize];
             } else if !fresh {
                 v = window[((held + ii) * ch + c) as usize];
             }
@@ -106,8 +108,10 @@ pub(crate) fn causal_conv(
 
 /// The gated delta rule: one unit per row, value head `h` and state column `j`; the units of
 /// a run's first row walk the run, each updating column `j` of head `h`'s state `S`
-/// (`[d_k, d_v]`, at row `slot * n_head_v + h` of `state`). Per token, with `q`, `k` of key
-/// head `h % n_head_k` L2-normalised (`x / sqrt(sum x^2 + eps)`) and `q` scaled by
+/// (`[d_k, d_v]`, at row `slot * n_head_v + h` of `state`). Row `t` of `qkv` (stride
+/// `qkv_stride`) holds `q` (`n_head_k * d_k`), `k` (as many) and `v` (`n_head_v * d_v`); row
+/// `t` of `gates` (stride `gate_stride`) holds `beta` at `beta_off` and `alpha` right after
+/// (`n_head_v` each). Per token, with `q`, `k` of key head `h % n_head_k` L2-normalised (`x / sqrt(sum x^2 + eps)`) and `q` scaled by
 /// `1 / sqrt(d_k)`, `g = softplus(alpha + dt_bias) * a` (softplus `x` past 20) and
 /// `b = sigmoid(beta)`:
 /// `S <- S exp(g)`, `d_j = (v_j - (S^T k)_j) b`, `S[:, j] <- S[:, j] + k d_j`,
@@ -115,11 +119,8 @@ pub(crate) fn causal_conv(
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gated_delta_net(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    alpha: &[f32],
-    beta: &[f32],
+    qkv: &[f32],
+    gates: &[f32],
     dt_bias: &[f32],
     a: &[f32],
     rows: &[u32],
@@ -130,6 +131,9 @@ pub(crate) fn gated_delta_net(
     n_head_v: u32,
     d_k: u32,
     d_v: u32,
+    qkv_stride: u32,
+    gate_stride: u32,
+    beta_off: u32,
     slots: u32,
     eps: f32,
 ) {
@@ -152,40 +156,43 @@ pub(crate) fn gated_delta_net(
             }
         }
         let g_head = h % n_head_k;
+        let key_dim = n_head_k * d_k;
         let q_scale = 1.0f32 / f32::sqrt(f32::cast_from(d_k));
         for s in 0..len {
             let tt = t + s;
-            let qk_off = (tt * n_head_k + g_head) * d_k;
+            let q_off = tt * qkv_stride + g_head * d_k;
+            let k_off = q_off + key_dim;
             let mut qq = 0.0f32;
             let mut kk = 0.0f32;
             for i in 0..d_k {
-                let qi = q[(qk_off + i) as usize];
-                let ki = k[(qk_off + i) as usize];
+                let qi = qkv[(q_off + i) as usize];
+                let ki = qkv[(k_off + i) as usize];
                 qq += qi * qi;
                 kk += ki * ki;
             }
             let q_inv = q_scale / f32::sqrt(qq + eps);
             let k_inv = 1.0f32 / f32::sqrt(kk + eps);
-            let gate = tt * n_head_v + h;
-            let xa = alpha[gate as usize] + dt_bias[h as usize];
+            let gate = tt * gate_stride + beta_off + h;
+            let xa = gates[(gate + n_head_v) as usize] + dt_bias[h as usize];
             let mut sp = xa;
             if xa <= 20.0 {
                 sp = f32::log1p(f32::exp(xa));
             }
             let decay = f32::exp(sp * a[h as usize]);
-            let b = 1.0f32 / (1.0 + f32::exp(-beta[gate as usize]));
+            let b = 1.0f32 / (1.0 + f32::exp(-gates[gate as usize]));
             let mut sk = 0.0f32;
             for i in 0..d_k {
-                sk += state[(col + i * d_v) as usize] * k[(qk_off + i) as usize];
+                sk += state[(col + i * d_v) as usize] * qkv[(k_off + i) as usize];
             }
             let vo = (tt * n_head_v + h) * d_v + j;
-            let d = (v[vo as usize] - sk * k_inv * decay) * b;
+            let vi = tt * qkv_stride + 2 * key_dim + h * d_v + j;
+            let d = (qkv[vi as usize] - sk * k_inv * decay) * b;
             let mut o = 0.0f32;
             for i in 0..d_k {
                 let si = (col + i * d_v) as usize;
-                let sn = state[si] * decay + k[(qk_off + i) as usize] * k_inv * d;
+                let sn = state[si] * decay + qkv[(k_off + i) as usize] * k_inv * d;
                 state[si] = sn;
-                o += sn * q[(qk_off + i) as usize];
+                o += sn * qkv[(q_off + i) as usize];
             }
             out[vo as usize] = o * q_inv;
         }
@@ -218,18 +225,31 @@ impl DeltaNetShape {
     }
 }
 
+/// Where [`launch_gated_delta_net`] finds its inputs in the rows of its two input buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetStrides {
+    /// Row stride of `qkv` (at least `2 * key_dim + value_dim`).
+    pub qkv_stride: usize,
+    /// Row stride of `gates`.
+    pub gate_stride: usize,
+    /// Column of `beta` in `gates`; `alpha` follows it.
+    pub beta_off: usize,
+}
+
 fn fits_u32(values: &[Option<usize>]) -> bool {
     values
         .iter()
         .all(|v| v.is_some_and(|v| v <= u32::MAX as usize))
 }
 
-/// The causal convolution and SiLU of [`causal_conv()`]: `x` `[n, ch]`, `weight` `[ch, d_conv]`
-/// (ggml `ssm_conv1d` `{d_conv, ch}`), `rows` `[n * 2]` u32, `window` `[slots * (d_conv - 1),
-/// ch]` (updated in place), `out` `[n, ch]`, all f32 but `rows`.
+/// The causal convolution and SiLU of [`causal_conv()`]: `x` `[n, x_stride]` (the inputs in
+/// its first `ch` columns), `weight` `[ch, d_conv]` (ggml `ssm_conv1d` `{d_conv, ch}`), `rows`
+/// `[n * 2]` u32, `window` `[slots * (d_conv - 1), ch]` (updated in place), `out` `[n, ch]`, all
+/// f32 but `rows`.
 ///
 /// # Errors
-/// `d_conv` below 2, a buffer shorter than the shapes, or index arithmetic past `u32`.
+/// `d_conv` below 2, `x_stride` below `ch`, a buffer shorter than the shapes, or index
+/// arithmetic past `u32`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_causal_conv(
     client: &Client,
@@ -240,24 +260,30 @@ pub fn launch_causal_conv(
     out: BufferArg,
     n: usize,
     ch: usize,
+    x_stride: usize,
     d_conv: usize,
     slots: usize,
 ) -> Result<(), KernelError> {
     const OP: &str = "causal_conv";
-    let x_len = n.checked_mul(ch);
+    let x_len = n.checked_mul(x_stride);
+    let out_len = n.checked_mul(ch);
     let w_len = ch.checked_mul(d_conv);
     let win_len = slots
         .checked_mul(d_conv.saturating_sub(1))
         .and_then(|r| r.checked_mul(ch));
-    if d_conv < 2 || !fits_u32(&[x_len, w_len, win_len, n.checked_mul(2)]) {
+    if d_conv < 2 || x_stride < ch || !fits_u32(&[x_len, out_len, w_len, win_len, n.checked_mul(2)])
+    {
         return Err(crate::shape_err(
             OP,
-            format!("n {n}, ch {ch}, d_conv {d_conv}, slots {slots}: d_conv < 2 or too large"),
+            format!(
+                "n {n}, ch {ch}, x_stride {x_stride}, d_conv {d_conv}, slots {slots}: d_conv < \
+                 2, x_stride < ch, or too large"
+            ),
         ));
     }
-    let (x_len, w_len, win_len) = (x_len.unwrap_or(0), w_len.unwrap_or(0), win_len.unwrap_or(0));
+    let [x_len, out_len, w_len, win_len] = [x_len, out_len, w_len, win_len].map(|v| v.unwrap_or(0));
     if x.len() < x_len
-        || out.len() < x_len
+        || out.len() < out_len
         || weight.len() < w_len
         || window.len() < win_len
         || rows.len() < 2 * n
@@ -275,10 +301,10 @@ pub fn launch_causal_conv(
             ),
         ));
     }
-    if x_len == 0 {
+    if out_len == 0 {
         return Ok(());
     }
-    let units = x_len as u32;
+    let units = out_len as u32;
     let per_cube = 64u32;
     // SAFETY: units past n * ch do nothing; a unit reads rows below 2n (its own, the previous
     // and the run's next ones), x and out rows of its run (below n), weights below ch * d_conv
@@ -295,6 +321,7 @@ pub fn launch_causal_conv(
             out,
             n as u32,
             ch as u32,
+            x_stride as u32,
             d_conv as u32,
             slots as u32,
         )
@@ -302,22 +329,21 @@ pub fn launch_causal_conv(
     Ok(())
 }
 
-/// The gated delta rule of [`gated_delta_net()`]: `q`, `k` `[n, n_head_k * d_k]`, `v`, `out`
-/// `[n, n_head_v * d_v]`, `alpha`, `beta` `[n, n_head_v]` (the raw projections), `dt_bias`,
-/// `a` `[n_head_v]` (`ssm_dt.bias`, `ssm_a`), `rows` `[n * 2]` u32, `state`
-/// `[slots * n_head_v, d_k, d_v]` (updated in place), all f32 but `rows`.
+/// The gated delta rule of [`gated_delta_net()`]: `qkv` `[n, qkv_stride]` (`q`, `k`
+/// `n_head_k * d_k` each, then `v` `n_head_v * d_v`, from column 0), `gates` `[n, gate_stride]`
+/// (the raw `beta` projection at column `beta_off`, `alpha` right after, `n_head_v` each),
+/// `dt_bias`, `a` `[n_head_v]` (`ssm_dt.bias`, `ssm_a`), `rows` `[n * 2]` u32, `state`
+/// `[slots * n_head_v, d_k, d_v]` (updated in place), `out` `[n, n_head_v * d_v]`, all f32
+/// but `rows`.
 ///
 /// # Errors
-/// A zero size, `n_head_v` not a multiple of `n_head_k`, a buffer shorter than the shapes, or
-/// index arithmetic past `u32`.
+/// A zero size, `n_head_v` not a multiple of `n_head_k`, strides narrower than their columns,
+/// a buffer shorter than the shapes, or index arithmetic past `u32`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_gated_delta_net(
     client: &Client,
-    q: BufferArg,
-    k: BufferArg,
-    v: BufferArg,
-    alpha: BufferArg,
-    beta: BufferArg,
+    qkv: BufferArg,
+    gates: BufferArg,
     dt_bias: BufferArg,
     a: BufferArg,
     rows: BufferArg,
@@ -326,12 +352,26 @@ pub fn launch_gated_delta_net(
     n: usize,
     slots: usize,
     s: DeltaNetShape,
+    strides: DeltaNetStrides,
     eps: f32,
 ) -> Result<(), KernelError> {
     const OP: &str = "gated_delta_net";
-    let qk_len = n.checked_mul(s.key_dim());
+    let DeltaNetStrides {
+        qkv_stride,
+        gate_stride,
+        beta_off,
+    } = strides;
+    let qkv_cols = s
+        .key_dim()
+        .checked_mul(2)
+        .and_then(|k| k.checked_add(s.value_dim()));
+    let gate_cols = s
+        .n_head_v
+        .checked_mul(2)
+        .and_then(|g| g.checked_add(beta_off));
+    let qk_len = n.checked_mul(qkv_stride);
     let v_len = n.checked_mul(s.value_dim());
-    let g_len = n.checked_mul(s.n_head_v);
+    let g_len = n.checked_mul(gate_stride);
     let state_len = slots
         .checked_mul(s.n_head_v)
         .and_then(|r| r.checked_mul(s.d_k))
@@ -340,23 +380,23 @@ pub fn launch_gated_delta_net(
         && s.d_k > 0
         && s.d_v > 0
         && s.n_head_v.is_multiple_of(s.n_head_k)
+        && qkv_cols.is_some_and(|c| c <= qkv_stride)
+        && gate_cols.is_some_and(|c| c <= gate_stride)
         && fits_u32(&[qk_len, v_len, g_len, state_len, n.checked_mul(2)]);
     if !ok {
         return Err(crate::shape_err(
             OP,
             format!(
-                "{s:?}, n {n}, slots {slots}: a zero size, heads that do not tile, or too large"
+                "{s:?}, {strides:?}, n {n}, slots {slots}: a zero size, heads that do not \
+                 tile, strides narrower than their columns, or too large"
             ),
         ));
     }
     let [qk_len, v_len, g_len, state_len] =
         [qk_len, v_len, g_len, state_len].map(|v| v.unwrap_or(0));
-    if q.len() < qk_len
-        || k.len() < qk_len
-        || v.len() < v_len
+    if qkv.len() < qk_len
         || out.len() < v_len
-        || alpha.len() < g_len
-        || beta.len() < g_len
+        || gates.len() < g_len
         || dt_bias.len() < s.n_head_v
         || a.len() < s.n_head_v
         || state.len() < state_len
@@ -365,14 +405,11 @@ pub fn launch_gated_delta_net(
         return Err(crate::shape_err(
             OP,
             format!(
-                "{s:?}, n {n}, slots {slots}: buffers of q {}, k {}, v {}, out {}, alpha {}, \
-                 beta {}, dt_bias {}, a {}, state {}, rows {} values are too short",
-                q.len(),
-                k.len(),
-                v.len(),
+                "{s:?}, {strides:?}, n {n}, slots {slots}: buffers of qkv {}, out {}, gates {}, \
+                 dt_bias {}, a {}, state {}, rows {} values are too short",
+                qkv.len(),
                 out.len(),
-                alpha.len(),
-                beta.len(),
+                gates.len(),
                 dt_bias.len(),
                 a.len(),
                 state.len(),
@@ -385,19 +422,17 @@ pub fn launch_gated_delta_net(
     }
     let units = v_len as u32;
     let per_cube = 64u32;
-    // SAFETY: units past n * n_head_v * d_v do nothing; a unit reads rows below 2n, q/k/v/
-    // alpha/beta/out rows of its run (below n), its head's gate values (below n_head_v) and
-    // its slot's state rows (below slots, checked), all within the lengths checked.
+    // SAFETY: units past n * n_head_v * d_v do nothing; a unit reads rows below 2n, qkv, gates
+    // and out rows of its run (below n, columns below their strides), its head's dt_bias and a
+    // (below n_head_v) and its slot's state rows (below slots, checked), all within the
+    // lengths checked.
     unsafe {
         gated_delta_net::launch_unchecked(
             client,
             crate::cube_count_for(units.div_ceil(per_cube)),
             CubeDim::new_1d(per_cube),
-            q,
-            k,
-            v,
-            alpha,
-            beta,
+            qkv,
+            gates,
             dt_bias,
             a,
             rows,
@@ -408,6 +443,9 @@ pub fn launch_gated_delta_net(
             s.n_head_v as u32,
             s.d_k as u32,
             s.d_v as u32,
+            qkv_stride as u32,
+            gate_stride as u32,
+            beta_off as u32,
             slots as u32,
             eps,
         )

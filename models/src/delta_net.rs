@@ -13,7 +13,7 @@ use burn::tensor::activation::silu;
 use burn_gguf::{CacheRows, GgmlLinear, GgufLoader, causal_conv_silu, gated_delta_net, rms_norm};
 
 /// The input projections `[qkv; z; beta; alpha]`, stacked into one weight where the types
-/// allow.
+/// allow (else run apart and their outputs concatenated).
 // One per layer and long-lived, so the size difference of the variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 enum InProj {
@@ -131,27 +131,18 @@ impl DeltaNetLayer {
         let s = d.shape;
         let n = h.dims()[0];
         let (ch, vd, hv) = (d.conv_channels(), s.value_dim(), s.n_head_v);
-        let [qkv, z, beta, alpha] = match &self.in_proj {
-            InProj::Stacked(w) => {
-                let y = w.forward(h);
-                [(0, ch), (ch, vd), (ch + vd, hv), (ch + vd + hv, hv)]
-                    .map(|(at, len)| y.clone().narrow(1, at, len))
-            }
-            InProj::Each(ws) => ws.each_ref().map(|w| w.forward(h.clone())),
+        // The projections side by side, `[qkv | z | beta | alpha]`: the kernels read the
+        // convolution's input and the gates from it in place.
+        let y = match &self.in_proj {
+            InProj::Stacked(w) => w.forward(h),
+            InProj::Each(ws) => Tensor::cat(ws.each_ref().map(|w| w.forward(h.clone())).into(), 1),
         };
-        let (x, window) = causal_conv_silu(qkv, &self.conv, window, rows);
-        let kd = s.key_dim();
-        let (q, k, v) = (
-            x.clone().narrow(1, 0, kd),
-            x.clone().narrow(1, kd, kd),
-            x.narrow(1, 2 * kd, vd),
-        );
+        let z = y.clone().narrow(1, ch, vd);
+        let (x, window) = causal_conv_silu(y.clone(), &self.conv, window, rows);
         let (o, state) = gated_delta_net(
-            q,
-            k,
-            v,
-            alpha,
-            beta,
+            x,
+            y,
+            ch + vd,
             &self.dt_bias,
             &self.a,
             state,

@@ -17,8 +17,9 @@ use burn::tensor::activation::{sigmoid, silu, softplus};
 
 pub use ggml_kernels::DeltaNetShape;
 
-/// Causal depthwise convolution of `x` `[n, channels]` with `weight` `[channels, d_conv]`
-/// (ggml `ssm_conv1d` `{d_conv, channels}`), then SiLU: the output of row `t` is
+/// Causal depthwise convolution of the first `channels` columns of `x` `[n, cols]` (a wider
+/// projection is read in place) with `weight` `[channels, d_conv]` (ggml `ssm_conv1d`
+/// `{d_conv, channels}`), then SiLU: the output of row `t` is
 /// `silu(sum_j x[t - (d_conv - 1) + j] * weight[:, j])`, tap `d_conv - 1` on the row itself and
 /// the earlier ones on the sequence's previous rows, from `window` (`[slots * (d_conv - 1),
 /// channels]`: each slot's last `d_conv - 1` inputs) before the pass. Returns the output
@@ -37,12 +38,12 @@ pub fn causal_conv_silu(
     window: Tensor<2>,
     rows: &CacheRows,
 ) -> (Tensor<2>, Tensor<2>) {
-    let [n, ch] = x.dims();
-    let [wc, d_conv] = weight.dims();
-    let taps = d_conv - 1;
+    let [n, cols] = x.dims();
+    let [ch, d_conv] = weight.dims();
+    let taps = d_conv.saturating_sub(1);
     let [wr, wch] = window.dims();
     assert!(
-        wc == ch && wch == ch && d_conv >= 1 && rows.len() == n && taps > 0 && wr % taps == 0,
+        cols >= ch && wch == ch && rows.len() == n && taps > 0 && wr % taps == 0,
         "causal_conv_silu: x {:?}, weight {:?}, window {:?}, {} rows",
         x.dims(),
         weight.dims(),
@@ -60,6 +61,7 @@ pub fn causal_conv_silu(
         return (Tensor::from_dispatch(out), Tensor::from_dispatch(window));
     }
     let dev = x.device();
+    let x = x.narrow(1, 0, ch);
     let mut window = window;
     let mut out = Vec::new();
     for (t, slot, past, len) in rows.runs() {
@@ -99,10 +101,11 @@ pub fn causal_conv_silu(
 /// o <- S^T q
 /// ```
 ///
-/// `q`, `k` `[n, n_head_k * d_k]`, `v` `[n, n_head_v * d_v]`, `alpha`, `beta_raw`
-/// `[n, n_head_v]` (the `ssm_alpha`, `ssm_beta` projections), `dt_bias`, `a` `[n_head_v]`
-/// (`ssm_dt.bias`, `ssm_a` = `-exp(A_log)`), all f32. Returns `o` `[n, n_head_v * d_v]` and the
-/// states after the pass.
+/// `qkv` `[n, cols]` holds `q`, `k` (`n_head_k * d_k` each) and `v` (`n_head_v * d_v`) from
+/// column 0 (the convolution's output); `gates` `[n, cols']` the raw `ssm_beta` projection at
+/// column `beta_off` and the `ssm_alpha` one after it (`n_head_v` each: a wider projection is
+/// read in place); `dt_bias`, `a` `[n_head_v]` are `ssm_dt.bias` and `ssm_a` (`-exp(A_log)`).
+/// All f32. Returns `o` `[n, n_head_v * d_v]` and the states after the pass.
 ///
 /// On a CubeCL device one kernel ([`GgmlOps::ggml_gated_delta_net`]) that updates the states in
 /// place (copying them first only if another tensor shares their buffer); elsewhere Burn ops,
@@ -113,11 +116,9 @@ pub fn causal_conv_silu(
 /// not at consecutive positions (a programming error in the caller).
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_net(
-    q: Tensor<2>,
-    k: Tensor<2>,
-    v: Tensor<2>,
-    alpha: Tensor<2>,
-    beta_raw: Tensor<2>,
+    qkv: Tensor<2>,
+    gates: Tensor<2>,
+    beta_off: usize,
     dt_bias: &Tensor<1>,
     a: &Tensor<1>,
     state: Tensor<3>,
@@ -131,45 +132,46 @@ pub fn gated_delta_net(
         d_k: dk,
         d_v: dv,
     } = shape;
-    let n = q.dims()[0];
+    let [n, cols] = qkv.dims();
     let [sr, sk, sv] = state.dims();
+    let (kd, vd) = (shape.key_dim(), shape.value_dim());
     assert!(
         hk > 0
             && hv.is_multiple_of(hk)
-            && q.dims() == [n, hk * dk]
-            && k.dims() == [n, hk * dk]
-            && v.dims() == [n, hv * dv]
-            && alpha.dims() == [n, hv]
-            && beta_raw.dims() == [n, hv]
+            && cols >= 2 * kd + vd
+            && gates.dims()[0] == n
+            && gates.dims()[1] >= beta_off + 2 * hv
             && dt_bias.dims() == [hv]
             && a.dims() == [hv]
             && [sk, sv] == [dk, dv]
             && sr.is_multiple_of(hv)
             && rows.len() == n,
-        "gated_delta_net: q {:?}, k {:?}, v {:?}, alpha {:?}, beta {:?}, state {:?} for {shape:?}",
-        q.dims(),
-        k.dims(),
-        v.dims(),
-        alpha.dims(),
-        beta_raw.dims(),
+        "gated_delta_net: qkv {:?}, gates {:?} (beta at {beta_off}), state {:?} for {shape:?}",
+        qkv.dims(),
+        gates.dims(),
         state.dims()
     );
-    if is_cube(&q.device()) {
+    if is_cube(&qkv.device()) {
         let (o, state) = Dispatch::ggml_gated_delta_net(
-            q.into_dispatch(),
-            k.into_dispatch(),
-            v.into_dispatch(),
-            alpha.into_dispatch(),
-            beta_raw.into_dispatch(),
+            qkv.into_dispatch(),
+            gates.into_dispatch(),
             dt_bias.clone().into_dispatch(),
             a.clone().into_dispatch(),
             state.into_dispatch(),
             rows.device.clone().into_dispatch(),
             shape,
+            beta_off,
             eps,
         );
         return (Tensor::from_dispatch(o), Tensor::from_dispatch(state));
     }
+    let (q, k, v) = (
+        qkv.clone().narrow(1, 0, kd),
+        qkv.clone().narrow(1, kd, kd),
+        qkv.narrow(1, 2 * kd, vd),
+    );
+    let beta_raw = gates.clone().narrow(1, beta_off, hv);
+    let alpha = gates.narrow(1, beta_off + hv, hv);
     let slots = sr / hv;
     let dev = q.device();
     // softplus is x past 20 (ggml), where log(1 + e^x) rounds to x in f32 anyway.

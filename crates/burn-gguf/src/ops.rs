@@ -159,13 +159,15 @@ pub trait GgmlOps: burn::backend::Backend {
     ) -> FloatTensor<Self>;
 
     /// Causal depthwise convolution and SiLU over each sequence's rows, one kernel
-    /// ([`ggml_kernels::launch_causal_conv`]): `x` `[n, ch]`, `weight` `[ch, d_conv]`,
-    /// `window` `[slots * (d_conv - 1), ch]` f32, `rows` `[n * 2]` u32 (each row's slot and
-    /// position). Returns the output `[n, ch]` and the windows after the pass (written in
-    /// place when no other tensor shares their buffer).
-    #[fusion(meta = |x: &burn::backend::fusion::custom::TensorSpec, _w,
+    /// ([`ggml_kernels::launch_causal_conv`]): `x` `[n, cols]` (the inputs in its first `ch`
+    /// columns), `weight` `[ch, d_conv]`, `window` `[slots * (d_conv - 1), ch]` f32, `rows`
+    /// `[n * 2]` u32 (each row's slot and position). Returns the output `[n, ch]` and the
+    /// windows after the pass (written in place when no other tensor shares their buffer).
+    #[fusion(meta = |x: &burn::backend::fusion::custom::TensorSpec,
+        w: &burn::backend::fusion::custom::TensorSpec,
         window: &burn::backend::fusion::custom::TensorSpec, _rows| (
-        burn::backend::fusion::custom::TensorSpec::new(x.shape.clone(), x.dtype),
+        burn::backend::fusion::custom::TensorSpec::new(
+            burn::tensor::Shape::new([x.shape[0], w.shape[0]]), x.dtype),
         window.clone(),
     ))]
     fn ggml_causal_conv(
@@ -176,30 +178,29 @@ pub trait GgmlOps: burn::backend::Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// The gated delta rule over each sequence's rows, one kernel
-    /// ([`ggml_kernels::launch_gated_delta_net`]): `q`, `k` `[n, n_head_k * d_k]`, `v`
-    /// `[n, n_head_v * d_v]`, `alpha`, `beta` `[n, n_head_v]` (raw projections), `dt_bias`,
-    /// `a` `[n_head_v]`, `state` `[slots * n_head_v, d_k, d_v]` f32, `rows` `[n * 2]` u32.
-    /// Returns the output `[n, n_head_v * d_v]` and the states after the pass (written in
-    /// place when no other tensor shares their buffer).
-    #[fusion(meta = |q: &burn::backend::fusion::custom::TensorSpec, _k, _v, _alpha, _beta, _dt, _a,
+    /// ([`ggml_kernels::launch_gated_delta_net`]): `qkv` `[n, cols]` (`q`, `k`
+    /// `n_head_k * d_k` each, then `v` `n_head_v * d_v`, from column 0), `gates` `[n, cols']`
+    /// (the raw `beta` projection at column `beta_off`, `alpha` after it, `n_head_v` each),
+    /// `dt_bias`, `a` `[n_head_v]`, `state` `[slots * n_head_v, d_k, d_v]` f32, `rows`
+    /// `[n * 2]` u32. Returns the output `[n, n_head_v * d_v]` and the states after the pass
+    /// (written in place when no other tensor shares their buffer).
+    #[fusion(meta = |qkv: &burn::backend::fusion::custom::TensorSpec, _gates, _dt, _a,
         state: &burn::backend::fusion::custom::TensorSpec, _rows,
-        shape: &ggml_kernels::DeltaNetShape, _eps| (
+        shape: &ggml_kernels::DeltaNetShape, _beta_off, _eps| (
         burn::backend::fusion::custom::TensorSpec::new(
-            burn::tensor::Shape::new([q.shape[0], shape.value_dim()]), q.dtype),
+            burn::tensor::Shape::new([qkv.shape[0], shape.value_dim()]), qkv.dtype),
         state.clone(),
     ))]
     #[allow(clippy::too_many_arguments)]
     fn ggml_gated_delta_net(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        alpha: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
+        qkv: FloatTensor<Self>,
+        gates: FloatTensor<Self>,
         dt_bias: FloatTensor<Self>,
         a: FloatTensor<Self>,
         state: FloatTensor<Self>,
         rows: IntTensor<Self>,
         shape: ggml_kernels::DeltaNetShape,
+        beta_off: usize,
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
@@ -591,10 +592,10 @@ impl GgmlOps for CubeBackend {
         assert_eq!(rows.dtype, DType::U32, "ggml_causal_conv takes u32 rows");
         let [x, weight, rows] = [x, weight, rows].map(burn_cubecl::kernel::into_contiguous);
         let window = owned(window);
-        let [n, ch] = rows_cols(x.meta.shape());
-        let d_conv = rows_cols(weight.meta.shape())[1];
+        let [n, x_stride] = rows_cols(x.meta.shape());
+        let [ch, d_conv] = rows_cols(weight.meta.shape());
         let slots = rows_cols(window.meta.shape())[0] / d_conv.saturating_sub(1).max(1);
-        let out = empty_f32(&x, x.meta.shape().clone());
+        let out = empty_f32(&x, Shape::new([n, ch]));
         let client = x.client.clone();
         ggml_kernels::launch_causal_conv(
             &client,
@@ -605,6 +606,7 @@ impl GgmlOps for CubeBackend {
             out.clone().into_buffer_arg(),
             n,
             ch,
+            x_stride,
             d_conv,
             slots,
         )
@@ -613,19 +615,17 @@ impl GgmlOps for CubeBackend {
     }
 
     fn ggml_gated_delta_net(
-        q: CubeTensor,
-        k: CubeTensor,
-        v: CubeTensor,
-        alpha: CubeTensor,
-        beta: CubeTensor,
+        qkv: CubeTensor,
+        gates: CubeTensor,
         dt_bias: CubeTensor,
         a: CubeTensor,
         state: CubeTensor,
         rows: CubeTensor,
         shape: ggml_kernels::DeltaNetShape,
+        beta_off: usize,
         eps: f32,
     ) -> (CubeTensor, CubeTensor) {
-        let inputs = [q, k, v, alpha, beta, dt_bias, a];
+        let inputs = [qkv, gates, dt_bias, a];
         for t in inputs.iter().chain([&state]) {
             assert_eq!(
                 t.dtype,
@@ -639,19 +639,22 @@ impl GgmlOps for CubeBackend {
             "ggml_gated_delta_net takes u32 rows"
         );
         let rows = burn_cubecl::kernel::into_contiguous(rows);
-        let [q, k, v, alpha, beta, dt_bias, a] = inputs.map(burn_cubecl::kernel::into_contiguous);
+        let [qkv, gates, dt_bias, a] = inputs.map(burn_cubecl::kernel::into_contiguous);
         let state = owned(state);
-        let n = rows_cols(q.meta.shape())[0];
+        let [n, qkv_stride] = rows_cols(qkv.meta.shape());
+        let gate_stride = rows_cols(gates.meta.shape())[1];
         let slots = state.meta.shape()[0] / shape.n_head_v.max(1);
-        let out = empty_f32(&q, Shape::new([n, shape.value_dim()]));
-        let client = q.client.clone();
+        let out = empty_f32(&qkv, Shape::new([n, shape.value_dim()]));
+        let client = qkv.client.clone();
+        let strides = ggml_kernels::DeltaNetStrides {
+            qkv_stride,
+            gate_stride,
+            beta_off,
+        };
         ggml_kernels::launch_gated_delta_net(
             &client,
-            q.into_buffer_arg(),
-            k.into_buffer_arg(),
-            v.into_buffer_arg(),
-            alpha.into_buffer_arg(),
-            beta.into_buffer_arg(),
+            qkv.into_buffer_arg(),
+            gates.into_buffer_arg(),
             dt_bias.into_buffer_arg(),
             a.into_buffer_arg(),
             rows.into_buffer_arg(),
@@ -660,6 +663,7 @@ impl GgmlOps for CubeBackend {
             n,
             slots,
             shape,
+            strides,
             eps,
         )
         .unwrap_or_else(|e| panic!("ggml_gated_delta_net: {e}"));

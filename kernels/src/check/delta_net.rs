@@ -1,10 +1,13 @@
 //! The delta-net kernels ([`crate::launch_causal_conv`], [`crate::launch_gated_delta_net`])
 //! against float64 references: random inputs, states and windows; one sequence's prompt
 //! (starting fresh at position 0, or after earlier tokens) or a batch of decode rows, one per
-//! slot at different positions (some at 0: a slot reused for a new sequence). Slot 0 is never
-//! named and must stay bit for bit as it was.
+//! slot at different positions (some at 0: a slot reused for a new sequence). Inputs sit in
+//! wider rows, as in the model's stacked projection. Slot 0 is never named and must stay bit
+//! for bit as it was.
 use super::{rand_f32, read_f32};
-use crate::{DeltaNetShape, KernelError, launch_causal_conv, launch_gated_delta_net};
+use crate::{
+    DeltaNetShape, DeltaNetStrides, KernelError, launch_causal_conv, launch_gated_delta_net,
+};
 use cubecl::client::Client;
 use cubecl::prelude::*;
 
@@ -114,7 +117,10 @@ pub fn delta_net_error(client: &Client, case: DeltaNetCase, seed: u64) -> Result
     let eps = 1e-6f32;
     let scaled =
         |len, seed, by: f32| -> Vec<f32> { rand_f32(len, seed).iter().map(|v| v * by).collect() };
-    let x = scaled(n * ch, seed, 2.0);
+    // Rows wider than their inputs: the convolution's first `ch` columns of `x_stride`; q, k,
+    // v from column 0 of `qkv_stride`; beta at column 2 of `gate_stride`, alpha after it.
+    let (x_stride, qkv_stride, gate_stride, beta_off) = (ch + 5, 2 * kd + vd + 3, 2 * hv + 4, 2);
+    let x = scaled(n * x_stride, seed, 2.0);
     let weight = scaled(ch * d_conv, seed + 1, 1.0);
     let window0 = scaled(slots * taps * ch, seed + 2, 1.0);
     let q = scaled(n * kd, seed + 3, 1.0);
@@ -125,6 +131,17 @@ pub fn delta_net_error(client: &Client, case: DeltaNetCase, seed: u64) -> Result
     let dt_bias = scaled(hv, seed + 8, 1.0);
     let a: Vec<f32> = rand_f32(hv, seed + 9).iter().map(|v| -v.exp()).collect();
     let state0 = scaled(slots * hv * dk * dv, seed + 10, 0.5);
+    let mut qkv = vec![7f32; n * qkv_stride];
+    let mut gates = vec![7f32; n * gate_stride];
+    for t in 0..n {
+        let row = &mut qkv[t * qkv_stride..];
+        row[..kd].copy_from_slice(&q[t * kd..(t + 1) * kd]);
+        row[kd..2 * kd].copy_from_slice(&k[t * kd..(t + 1) * kd]);
+        row[2 * kd..2 * kd + vd].copy_from_slice(&v[t * vd..(t + 1) * vd]);
+        let row = &mut gates[t * gate_stride + beta_off..];
+        row[..hv].copy_from_slice(&beta[t * hv..(t + 1) * hv]);
+        row[hv..2 * hv].copy_from_slice(&alpha[t * hv..(t + 1) * hv]);
+    }
     let rows_u32: Vec<u32> = rows
         .iter()
         .flat_map(|&(c, p)| [c as u32, p as u32])
@@ -132,8 +149,8 @@ pub fn delta_net_error(client: &Client, case: DeltaNetCase, seed: u64) -> Result
 
     let up = |v: &[f32]| client.create_from_slice(f32::as_bytes(v));
     let (x_h, w_h, win_h) = (up(&x), up(&weight), up(&window0));
-    let (q_h, k_h, v_h) = (up(&q), up(&k), up(&v));
-    let (al_h, be_h, dt_h, a_h, st_h) = (up(&alpha), up(&beta), up(&dt_bias), up(&a), up(&state0));
+    let (qkv_h, gates_h) = (up(&qkv), up(&gates));
+    let (dt_h, a_h, st_h) = (up(&dt_bias), up(&a), up(&state0));
     let rows_h = client.create_from_slice(u32::as_bytes(&rows_u32));
     let conv_h = client.empty(n * ch * 4);
     let out_h = client.empty(n * vd * 4);
@@ -150,16 +167,14 @@ pub fn delta_net_error(client: &Client, case: DeltaNetCase, seed: u64) -> Result
         arg(&conv_h, n * ch),
         n,
         ch,
+        x_stride,
         d_conv,
         slots,
     )?;
     launch_gated_delta_net(
         client,
-        arg(&q_h, q.len()),
-        arg(&k_h, k.len()),
-        arg(&v_h, v.len()),
-        arg(&al_h, alpha.len()),
-        arg(&be_h, beta.len()),
+        arg(&qkv_h, qkv.len()),
+        arg(&gates_h, gates.len()),
         arg(&dt_h, hv),
         arg(&a_h, hv),
         arg(&rows_h, rows_u32.len()),
@@ -168,6 +183,11 @@ pub fn delta_net_error(client: &Client, case: DeltaNetCase, seed: u64) -> Result
         n,
         slots,
         s,
+        DeltaNetStrides {
+            qkv_stride,
+            gate_stride,
+            beta_off,
+        },
         eps,
     )?;
     let conv = read_f32(client, conv_h)?;
@@ -193,7 +213,7 @@ pub fn delta_net_error(client: &Client, case: DeltaNetCase, seed: u64) -> Result
                 let input = if j < taps {
                     held[j * ch + ci]
                 } else {
-                    x[t * ch + ci] as f64
+                    x[t * x_stride + ci] as f64
                 };
                 acc += input * weight[ci * d_conv + j] as f64;
             }
@@ -203,7 +223,7 @@ pub fn delta_net_error(client: &Client, case: DeltaNetCase, seed: u64) -> Result
                 held[j * ch + ci] = if j + 1 < taps {
                     held[(j + 1) * ch + ci]
                 } else {
-                    x[t * ch + ci] as f64
+                    x[t * x_stride + ci] as f64
                 };
             }
         }
