@@ -65,8 +65,8 @@ pub fn attention_heads(rep: usize) -> usize {
 /// without a window or before it fills); query head `h` reads KV head `h / rep` of its slot. A
 /// row whose slot or position is out of range does nothing. The cube scores keys
 /// `lo + s * split ..` (at most `split`) for each of its heads into shared memory with
-/// `scale * dot(q, k)`, takes each head's softmax (maximum and sum as trees over the units) and
-/// the weighted sums of the values.
+/// `scale * dot(q, k)` (soft-capped when `softcap > 0`: [`soft_cap()`]), takes each head's
+/// softmax (maximum and sum as trees over the units) and the weighted sums of the values.
 ///
 /// With `direct` (one split covers every key) it writes `out` `[n, n_head, head_dim]`;
 /// otherwise the unnormalised sums to `part_acc` `[n - t0, n_head, splits, head_dim]` and the
@@ -92,6 +92,7 @@ pub(crate) fn attention(
     splits: u32,
     t0: u32,
     scale: f32,
+    softcap: f32,
     #[comptime] split: u32,
     #[comptime] heads: u32,
     #[comptime] lanes: u32,
@@ -156,7 +157,7 @@ pub(crate) fn attention(
                 }
                 let dot = plane_sum(part);
                 if lane == 0 {
-                    scores[(r * split + j - k0) as usize] = dot * scale;
+                    scores[(r * split + j - k0) as usize] = soft_cap(dot * scale, softcap);
                 }
             }
             j += planes;
@@ -172,7 +173,7 @@ pub(crate) fn attention(
                 for d in 0..head_dim {
                     dot += q[(q_base + d) as usize] * k_cache[(k_base + d) as usize];
                 }
-                scores[(r * split + j - k0) as usize] = dot * scale;
+                scores[(r * split + j - k0) as usize] = soft_cap(dot * scale, softcap);
             }
             j += units;
         }
@@ -260,6 +261,19 @@ pub(crate) fn attention(
     }
 }
 
+/// Gemma 2's attention-logit soft-capping (llama.cpp `build_attn_mha`, `attn_soft_cap`):
+/// `cap * tanh(x / cap)` when `cap > 0`, else `x`. The argument of `tanh` is clamped to
+/// `[-15, 15]` first (where `tanh` is 1 to f32 precision): some drivers compute `tanh` from
+/// exponentials that overflow to NaN on large inputs.
+#[cube]
+pub(crate) fn soft_cap(x: f32, cap: f32) -> f32 {
+    let mut y = x;
+    if cap > 0.0 {
+        y = cap * f32::tanh(f32::clamp(x / cap, -15.0, 15.0));
+    }
+    y
+}
+
 /// Merges [`attention()`]'s splits: one unit per output value `(th, d)` of `rows` row-head
 /// pairs, written to `out[out_off + th * head_dim + d]`: `sum_s e_s acc_s[d] / sum_s e_s l_s`
 /// with `e_s = exp(m_s - max_s m_s)` over the splits with a visible key (`l_s > 0`).
@@ -331,7 +345,8 @@ const ATTENTION_SCRATCH_VALUES: usize = 8 << 20;
 /// Causal grouped-query attention of `q` `[n, n_head, head_dim]` over keys and values
 /// `[slots * n_head_kv, capacity, head_dim]`, query row `t` over slot `rows[2t]` up to
 /// position `rows[2t + 1]` (`rows` `[n, 2]` u32; positions up to it filled), into `out`
-/// `[n, n_head, head_dim]`: softmax of `scale * q k^T` over the visible keys, times `v`
+/// `[n, n_head, head_dim]`: softmax of `scale * q k^T` over the visible keys (each score
+/// soft-capped as `cap * tanh(score / cap)` with `softcap` `Some(cap)`, Gemma 2), times `v`
 /// (`attention()`, and `attention_combine()` when `keys` is more than [`ATTENTION_SPLIT`]).
 /// All f32. A row whose slot or position is out of range is left unwritten.
 ///
@@ -348,16 +363,20 @@ pub fn launch_attention(
     out: BufferArg,
     s: AttentionShape,
     scale: f32,
+    softcap: Option<f32>,
 ) -> Result<(), KernelError> {
     let lanes = attention_lanes(client);
-    launch_attention_lanes(client, q, k_cache, v_cache, rows, out, s, scale, lanes)
+    launch_attention_lanes(
+        client, q, k_cache, v_cache, rows, out, s, scale, softcap, lanes,
+    )
 }
 
 /// [`launch_attention`] with `lanes` per key in the scores (1: a key per unit; more: a plane
 /// of that width per key, which the device must run).
 ///
 /// # Errors
-/// As [`launch_attention`]; `lanes` not a power of two up to [`ATTENTION_UNITS`].
+/// As [`launch_attention`]; `lanes` not a power of two up to [`ATTENTION_UNITS`], or a
+/// soft-cap that is not positive and finite.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_attention_lanes(
     client: &Client,
@@ -368,9 +387,17 @@ pub fn launch_attention_lanes(
     out: BufferArg,
     s: AttentionShape,
     scale: f32,
+    softcap: Option<f32>,
     lanes: u32,
 ) -> Result<(), KernelError> {
     const OP: &str = "attention";
+    if softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+        return Err(crate::shape_err(
+            OP,
+            format!("soft-cap {softcap:?}: not positive and finite"),
+        ));
+    }
+    let softcap = softcap.unwrap_or(0.0);
     if !lanes.is_power_of_two() || lanes > ATTENTION_UNITS {
         return Err(crate::shape_err(
             OP,
@@ -473,6 +500,7 @@ pub fn launch_attention_lanes(
                 splits,
                 t0,
                 scale,
+                softcap,
                 ATTENTION_SPLIT,
                 heads as u32,
                 lanes,
@@ -529,6 +557,7 @@ pub fn launch_attention_lanes(
                 splits_u,
                 t0_u,
                 scale,
+                softcap,
                 ATTENTION_SPLIT,
                 heads as u32,
                 lanes,

@@ -242,7 +242,7 @@ fn fits_u32(values: &[Option<usize>]) -> bool {
         .all(|v| v.is_some_and(|v| v <= u32::MAX as usize))
 }
 
-/// The causal convolution and SiLU of [`causal_conv()`]: `x` `[n, x_stride]` (the inputs in
+/// The causal convolution and SiLU of the `causal_conv` kernel: `x` `[n, x_stride]` (the inputs in
 /// its first `ch` columns), `weight` `[ch, d_conv]` (ggml `ssm_conv1d` `{d_conv, ch}`), `rows`
 /// `[n * 2]` u32, `window` `[slots * (d_conv - 1), ch]` (updated in place), `out` `[n, ch]`, all
 /// f32 but `rows`.
@@ -329,7 +329,7 @@ pub fn launch_causal_conv(
     Ok(())
 }
 
-/// The gated delta rule of [`gated_delta_net()`]: `qkv` `[n, qkv_stride]` (`q`, `k`
+/// The gated delta rule of the `gated_delta_net` kernel: `qkv` `[n, qkv_stride]` (`q`, `k`
 /// `n_head_k * d_k` each, then `v` `n_head_v * d_v`, from column 0), `gates` `[n, gate_stride]`
 /// (the raw `beta` projection at column `beta_off`, `alpha` right after, `n_head_v` each),
 /// `dt_bias`, `a` `[n_head_v]` (`ssm_dt.bias`, `ssm_a`), `rows` `[n * 2]` u32, `state`

@@ -14,7 +14,7 @@ pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + messa
     message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}\
     {{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-/// The template used for `gemma3` files that have none: Gemma's turns
+/// The template used for `gemma2` and `gemma3` files that have none: Gemma's turns
 /// (`<start_of_turn>user\ncontent<end_of_turn>\n`, the assistant's role named `model`), after
 /// the BOS token.
 pub const GEMMA: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == \
@@ -104,7 +104,7 @@ impl ChatTemplate {
             Some(source) => Self::new(source, &bos, &eos),
             None => {
                 let source = match file.get_opt_str("general.architecture")? {
-                    Some("gemma3") => GEMMA,
+                    Some("gemma2" | "gemma3") => GEMMA,
                     _ => CHATML,
                 };
                 Ok(Self {

@@ -6,21 +6,26 @@ use gguf::GgufFile;
 
 /// The values of `general.architecture` a [`crate::Decoder`] loads.
 pub const ARCHITECTURES: &[&str] = &[
+    "gemma2",
     "gemma3",
     "llama",
+    "phi3",
+    "qwen2",
     "qwen3",
     "qwen3moe",
     "qwen35",
     "qwen35moe",
 ];
 
-/// Gemma 3's local attention: every layer but each `pattern`-th (1-based) sees only the last
-/// `window` tokens and uses RoPE base `rope_base`.
+/// Gemma's local attention: every layer but each `pattern`-th (1-based) sees only the last
+/// `window` tokens and uses RoPE base `rope_base` (Gemma 3: pattern 6; Gemma 2: 2, so the
+/// even layers are local; llama.cpp `llama_hparams::set_swa_pattern`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SlidingWindow {
     /// Tokens a query sees, itself included (`attention.sliding_window`).
     pub window: usize,
-    /// Every `pattern`-th layer (1-based) is global.
+    /// Every `pattern`-th layer (1-based) is global (`attention.sliding_window_pattern` for
+    /// Gemma 2).
     pub pattern: usize,
     /// RoPE base of the local layers (`rope.freq_base_swa`).
     pub rope_base: f32,
@@ -92,6 +97,9 @@ pub struct DecoderConfig {
     pub rope_sections: Option<[u32; 4]>,
     /// How RoPE pairs dimensions: NORM for `llama`, NEOX otherwise.
     pub rope_style: RopeStyle,
+    /// Linear RoPE scaling: positions are divided by this factor (`rope.scaling.type`
+    /// `linear` with `rope.scaling.factor`, or the older `rope.scale_linear`); 1 without.
+    pub rope_linear_scale: f32,
     /// Local attention (Gemma 3), if any.
     pub sliding_window: Option<SlidingWindow>,
     /// Factor applied to the token embeddings (Gemma: `sqrt(n_embd)`).
@@ -103,6 +111,18 @@ pub struct DecoderConfig {
     /// Whether attention and FFN outputs get an RMSNorm before the residual
     /// (`post_attention_norm`, `post_ffw_norm`).
     pub post_norms: bool,
+    /// The attention scores' factor: `1 / sqrt(head_dim)`, except Gemma 2 27B (46 layers),
+    /// `1 / sqrt(n_embd / n_head)` (llama.cpp `src/models/gemma2.cpp`).
+    pub attention_scale: f32,
+    /// Gemma 2's attention-logit soft-cap (`attn_logit_softcapping`, default 50): scores
+    /// `x` become `cap * tanh(x / cap)`.
+    pub attention_softcap: Option<f32>,
+    /// Gemma 2's final-logit soft-cap (`final_logit_softcapping`, default 30), applied to
+    /// the head's logits the same way.
+    pub final_softcap: Option<f32>,
+    /// Whether the output head is always `token_embd` (Gemma 2 and 3: llama.cpp loads no
+    /// `output.weight` for them); elsewhere it is tied only when `output.weight` is absent.
+    pub tied_head: bool,
     /// Qwen3.5's gated attention: `attn_q` holds per head `head_dim` query rows then
     /// `head_dim` gate rows, and the attention output is multiplied by the gate's sigmoid.
     pub gated_attention: bool,
@@ -141,20 +161,49 @@ impl DecoderConfig {
         let embd = file
             .tensor("token_embd.weight")
             .ok_or_else(|| Error::Model("tensor 'token_embd.weight' is missing".into()))?;
-        let gemma = arch == "gemma3";
+        let gemma2 = arch == "gemma2";
+        let gemma = gemma2 || arch == "gemma3";
         let qwen35 = arch == "qwen35" || arch == "qwen35moe";
+        // llama.cpp's defaults: Gemma 3's global base is 1e6, everyone else's 1e4.
+        let rope_base = file
+            .get_opt_f32(&key("rope.freq_base"))?
+            .unwrap_or(if arch == "gemma3" {
+                1_000_000.0
+            } else {
+                10_000.0
+            });
         let sliding_window = if gemma {
             Some(SlidingWindow {
                 window: file
                     .get_opt_u32(&key("attention.sliding_window"))?
-                    .unwrap_or(512) as usize,
-                pattern: 6,
+                    .unwrap_or(if gemma2 { 4096 } else { 512 }) as usize,
+                pattern: if gemma2 {
+                    file.get_opt_u32(&key("attention.sliding_window_pattern"))?
+                        .unwrap_or(2) as usize
+                } else {
+                    6
+                },
+                // Gemma 3's local base is llama.cpp's built-in 1e4 (the key is usually
+                // absent); Gemma 2's defaults to the global one.
                 rope_base: file
                     .get_opt_f32(&key("rope.freq_base_swa"))?
-                    .unwrap_or(10_000.0),
+                    .unwrap_or(if gemma2 { rope_base } else { 10_000.0 }),
             })
         } else {
             None
+        };
+        let softcap = |k: &str, default: f32| -> Result<Option<f32>, Error> {
+            if !gemma2 {
+                return Ok(None);
+            }
+            let cap = file.get_opt_f32(&key(k))?.unwrap_or(default);
+            match cap.is_finite() && cap > 0.0 {
+                true => Ok(Some(cap)),
+                false => Err(Error::Model(format!(
+                    "{}: {cap}, expected a positive soft-cap",
+                    key(k)
+                ))),
+            }
         };
         let moe = if arch == "qwen3moe" || arch == "qwen35moe" {
             Some(Moe {
@@ -200,9 +249,7 @@ impl DecoderConfig {
             n_head_kv: u("attention.head_count_kv")?,
             head_dim,
             rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            rope_base: file
-                .get_opt_f32(&key("rope.freq_base"))?
-                .unwrap_or(if gemma { 1_000_000.0 } else { 10_000.0 }),
+            rope_base,
             rope_dims: match file.get_opt_u32(&key("rope.dimension_count"))? {
                 Some(d) => d as usize,
                 None => head_dim,
@@ -220,8 +267,17 @@ impl DecoderConfig {
             } else {
                 RopeStyle::Neox
             },
-            qk_norm: arch != "llama",
+            qk_norm: !matches!(arch.as_str(), "llama" | "qwen2" | "phi3" | "gemma2"),
+            rope_linear_scale: rope_linear_scale(file, &arch)?,
             post_norms: gemma,
+            attention_scale: if gemma2 && n_layers == 46 {
+                1.0 / ((n_embd / n_head.max(1)) as f32).sqrt()
+            } else {
+                1.0 / (head_dim.max(1) as f32).sqrt()
+            },
+            attention_softcap: softcap("attn_logit_softcapping", 50.0)?,
+            final_softcap: softcap("final_logit_softcapping", 30.0)?,
+            tied_head: gemma,
             gated_attention: qwen35,
             delta_net,
             moe,
@@ -243,7 +299,12 @@ impl DecoderConfig {
                 .delta_net
                 .as_ref()
                 .is_none_or(|d| d.recurrent.len() == cfg.n_layers)
-            && cfg.sliding_window.as_ref().is_none_or(|w| w.window > 0)
+            && cfg
+                .sliding_window
+                .as_ref()
+                .is_none_or(|w| w.window > 0 && w.pattern > 0)
+            && cfg.rope_linear_scale.is_finite()
+            && cfg.rope_linear_scale > 0.0
             && cfg.moe.as_ref().is_none_or(|m| {
                 m.n_expert > 0 && m.n_expert <= 4096 && (1..=m.n_expert).contains(&m.n_expert_used)
             });
@@ -297,6 +358,47 @@ impl DecoderConfig {
         self.sliding_window
             .as_ref()
             .is_some_and(|w| !(il + 1).is_multiple_of(w.pattern))
+    }
+}
+
+/// The linear RoPE scaling factor (llama.cpp `llama_model::load_hparams`:
+/// `rope.scaling.type` with `rope.scaling.factor`, else the older `rope.scale_linear`): 1
+/// without scaling. YaRN and LongRoPE scaling change more than the angles and are an error.
+fn rope_linear_scale(file: &GgufFile, arch: &str) -> Result<f32, Error> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let kind = match file.get(&key("rope.scaling.type")) {
+        None => None,
+        Some(v) => Some(v.as_str().ok_or_else(|| {
+            Error::Model(format!(
+                "{}: {}, expected STRING",
+                key("rope.scaling.type"),
+                v.value_type_name()
+            ))
+        })?),
+    };
+    let factor = match file.get_opt_f32(&key("rope.scaling.factor"))? {
+        Some(f) => Some(f),
+        None => file.get_opt_f32(&key("rope.scale_linear"))?,
+    };
+    match kind {
+        Some("none") => return Ok(1.0),
+        None | Some("linear") => {}
+        Some(other) => {
+            return Err(Error::Model(format!(
+                "{}: '{other}' RoPE scaling is not supported (linear is)",
+                key("rope.scaling.type")
+            )));
+        }
+    }
+    match factor {
+        // llama.cpp reads a factor of 0 as no scaling.
+        None => Ok(1.0),
+        Some(f) if f == 0.0 => Ok(1.0),
+        Some(f) if f.is_finite() && f > 0.0 => Ok(f),
+        Some(f) => Err(Error::Model(format!(
+            "{}: {f}, expected a positive factor",
+            key("rope.scaling.factor")
+        ))),
     }
 }
 

@@ -7,7 +7,16 @@
 //! down, a residual; a final norm and the output head (tied to `token_embd` when `output.weight`
 //! is absent, case C14). The parts that differ:
 //! - `llama` (`src/models/llama.cpp`, Llama 3 family): SiLU, NORM-style RoPE (the converter
-//!   permutes Q and K for it, case C16) with the optional `rope_freqs` frequency factors.
+//!   permutes Q and K for it, case C16) with the optional `rope_freqs` frequency factors
+//!   (Llama 3.1+) or linear `rope.scaling`.
+//! - `qwen2` (`src/models/qwen2.cpp`): biases on Q, K and V (`attn_q.bias`, ...), NEOX RoPE,
+//!   no Q/K norm, an optional `output.bias`.
+//! - `phi3` (`src/models/phi3.cpp`): one `attn_qkv` weight (`[q; k; v]` rows) and one
+//!   `ffn_up` holding gate then up; NEOX RoPE; its `sliding_window` key is ignored, as
+//!   llama.cpp does.
+//! - `gemma2` (`src/models/gemma2.cpp`): as `gemma3` without Q/K norms, with attention scores
+//!   and final logits soft-capped (`cap * tanh(x / cap)`), the even layers local
+//!   (`sliding_window_pattern` 2) with `rope.freq_base_swa` defaulting to `rope.freq_base`.
 //! - `qwen3` (`src/models/qwen3.cpp`): Q/K norms, SiLU.
 //! - `qwen3moe` (`src/models/qwen3moe.cpp`): as `qwen3`, with a mixture-of-experts FFN: a
 //!   softmax router over `expert_count` experts (`ffn_gate_inp`), the top `expert_used_count`
@@ -54,6 +63,9 @@ struct Layer {
 enum Mixer {
     Attention {
         qkv: Qkv,
+        /// The Q, K and V biases as one vector `[q; k; v]` where the file has any
+        /// (`attn_q.bias`, ...; Qwen2), a missing one as zeros.
+        bias: Option<Tensor<1>>,
         wo: GgmlLinear,
         /// `[q_norm, k_norm]` where the architecture has them.
         qk_norm: Option<[Tensor<1>; 2]>,
@@ -75,7 +87,14 @@ enum Qkv {
 }
 
 impl Qkv {
-    fn load(loader: &GgufLoader, q: &str, k: &str, v: &str) -> Result<Self, Error> {
+    /// `blk.{il}.attn_qkv` where the file has the fused weight (Phi-3; llama.cpp
+    /// `build_qkv`), else `attn_q`, `attn_k` and `attn_v`, stacked where the types allow.
+    fn load(loader: &GgufLoader, il: usize) -> Result<Self, Error> {
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        if loader.file().tensor(&n("attn_qkv")).is_some() {
+            return Ok(Self::Stacked(loader.linear(&n("attn_qkv"))?));
+        }
+        let (q, k, v) = (&n("attn_q"), &n("attn_k"), &n("attn_v"));
         if let Some(qkv) = loader.stacked_linear(&[q, k, v])? {
             return Ok(Self::Stacked(qkv));
         }
@@ -94,9 +113,12 @@ impl Qkv {
     /// at `layout.v_off` of `v` (the same tensor as `qk` when stacked), and with gated
     /// attention the gates `[n, n_head * head_dim]`. `layout` leaves `n`, `slots`, `capacity`,
     /// `positions` and `rope_dims` for the caller.
+    ///
+    /// `bias` (`[q; k; v]` rows, Qwen2) is added to the projections.
     fn forward(
         &self,
         h: Tensor<2>,
+        bias: Option<&Tensor<1>>,
         c: &DecoderConfig,
     ) -> (Tensor<2>, Tensor<2>, QkRopeShape, Option<Tensor<2>>) {
         let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
@@ -116,19 +138,31 @@ impl Qkv {
             capacity: 0,
             positions: 0,
         };
+        // Adds `bias[at..at + width]` to `y` `[n, width]`.
+        let add = |y: Tensor<2>, at: usize| match bias {
+            None => y,
+            Some(b) => {
+                let width = y.dims()[1];
+                y + b.clone().narrow(0, at, width).unsqueeze()
+            }
+        };
         let (qk, v, layout) = match self {
             Self::Stacked(w) => {
-                let y = w.forward(h);
+                let y = add(w.forward(h), 0);
                 (y.clone(), y, layout(qw + 2 * kv, qw + 2 * kv, qw + kv))
             }
             Self::StackedQk(wqk, wv) => (
-                wqk.forward(h.clone()),
-                wv.forward(h),
+                add(wqk.forward(h.clone()), 0),
+                add(wv.forward(h), qw + kv),
                 layout(qw + kv, kv, 0),
             ),
             Self::Each([wq, wk, wv]) => {
                 let qk = Tensor::cat(vec![wq.forward(h.clone()), wk.forward(h.clone())], 1);
-                (qk, wv.forward(h), layout(qw + kv, kv, 0))
+                (
+                    add(qk, 0),
+                    add(wv.forward(h), qw + kv),
+                    layout(qw + kv, kv, 0),
+                )
             }
         };
         if !c.gated_attention {
@@ -188,7 +222,13 @@ struct SharedExpert {
 }
 
 impl GateUp {
+    /// `gate` and `up`, stacked where the types allow; without a `gate` tensor, `up` holds
+    /// both, the gate rows first (Phi-3's `ffn_up` `[2 * n_ff, n_embd]`: llama.cpp
+    /// `ggml_swiglu` takes the first half as the gate).
     fn load(loader: &GgufLoader, gate: &str, up: &str) -> Result<Self, Error> {
+        if loader.file().tensor(gate).is_none() && loader.file().tensor(up).is_some() {
+            return Ok(GateUp::Stacked(loader.linear(up)?));
+        }
         Ok(match loader.stacked_linear(&[gate, up])? {
             Some(w) => GateUp::Stacked(w),
             None => GateUp::Each(loader.linear(gate)?, loader.linear(up)?),
@@ -224,6 +264,8 @@ pub struct Decoder {
     layers: Vec<Layer>,
     output_norm: Tensor<1>,
     head: GgmlLinear,
+    /// `output.bias` `[vocab]`, where the file has one (Qwen2).
+    head_bias: Option<Tensor<1>>,
     /// `rope_freqs.weight` (`head_dim / 2` frequency divisors, Llama 3.1+), if present.
     rope_freqs: Option<Vec<f32>>,
     /// RoPE angle tables on the device, `[global, local]` (the same table twice without a
@@ -254,10 +296,12 @@ impl Decoder {
                 // Checked on the file before Q/K/V are stacked into one weight.
                 let (e, hd) = (config.n_embd, config.head_dim);
                 let q_rows = config.n_head * hd * if config.gated_attention { 2 } else { 1 };
+                let kv_rows = config.n_head_kv * hd;
                 for (name, rows) in [
                     ("attn_q", q_rows),
-                    ("attn_k", config.n_head_kv * hd),
-                    ("attn_v", config.n_head_kv * hd),
+                    ("attn_k", kv_rows),
+                    ("attn_v", kv_rows),
+                    ("attn_qkv", q_rows + 2 * kv_rows),
                 ] {
                     let got = file.tensor(&n(name)).map(|t| t.shape());
                     if got.as_deref().is_some_and(|s| s != [rows, e]) {
@@ -270,7 +314,8 @@ impl Decoder {
                     }
                 }
                 Mixer::Attention {
-                    qkv: Qkv::load(loader, &n("attn_q"), &n("attn_k"), &n("attn_v"))?,
+                    qkv: Qkv::load(loader, il)?,
+                    bias: qkv_bias(loader, il, [q_rows, kv_rows, kv_rows])?,
                     wo: loader.linear(&n("attn_output"))?,
                     qk_norm: match config.qk_norm {
                         true => Some(pair("attn_q_norm", "attn_k_norm")?),
@@ -328,12 +373,24 @@ impl Decoder {
             });
         }
         let output_norm = loader.dense("output_norm.weight")?;
-        // Tied embeddings (case C14): no `output.weight`, the head reuses `token_embd`.
-        let head = if file.tensor("output.weight").is_some() {
+        // Tied embeddings (case C14): no `output.weight` (or Gemma), the head reuses
+        // `token_embd`.
+        let head = if file.tensor("output.weight").is_some() && !config.tied_head {
             loader.linear("output.weight")?
         } else {
             embed.as_linear()
         };
+        let head_bias = match file.tensor("output.bias") {
+            Some(_) => Some(loader.dense("output.bias")?),
+            None => None,
+        };
+        for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+            if file.tensor(name).is_some() {
+                return Err(Error::Model(format!(
+                    "{name}: LongRoPE scaling (Phi-3 128k and later) is not supported yet"
+                )));
+            }
+        }
         let rope_freqs = match file.tensor("rope_freqs.weight") {
             None => config.rope_section_factors(),
             Some(_) => {
@@ -354,12 +411,24 @@ impl Decoder {
                 Some(f)
             }
         };
+        // Linear scaling divides every angle: one more divisor per frequency.
+        let rope_freqs = match config.rope_linear_scale {
+            1.0 => rope_freqs,
+            k => Some(
+                rope_freqs
+                    .unwrap_or_else(|| vec![1.0; config.rope_dims / 2])
+                    .into_iter()
+                    .map(|f| f * k)
+                    .collect(),
+            ),
+        };
         let model = Self {
             config,
             embed,
             layers,
             output_norm,
             head,
+            head_bias,
             rope_freqs,
             rope: Mutex::new(None),
             device: loader.device().clone(),
@@ -381,6 +450,9 @@ impl Decoder {
             self.head.weight.shape(),
             [c.vocab_size, e],
         )?;
+        if let Some(b) = &self.head_bias {
+            expect("output.bias".into(), [b.dims()[0], 1], [c.vocab_size, 1])?;
+        }
         for (il, l) in self.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
             let mut norms = vec![
@@ -583,7 +655,7 @@ impl Decoder {
         let tables = self.rope_tables(end);
         let rows = CacheRows::new(rows, dev);
         let (hd, eps) = (c.head_dim, c.rms_eps);
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = c.attention_scale;
 
         let mut x = self.embed.forward(&ids)?;
         if let Some(s) = c.embed_scale {
@@ -599,14 +671,19 @@ impl Decoder {
         for ((il, l), layer_state) in self.layers.iter().enumerate().zip(old) {
             let o = match (&l.mixer, layer_state) {
                 (
-                    Mixer::Attention { qkv, wo, qk_norm },
+                    Mixer::Attention {
+                        qkv,
+                        bias,
+                        wo,
+                        qk_norm,
+                    },
                     LayerState::Attention {
                         k: k_cache,
                         v: v_cache,
                     },
                 ) => {
                     let local = c.is_local(il);
-                    let (qk, v, layout, gate) = qkv.forward(h, c);
+                    let (qk, v, layout, gate) = qkv.forward(h, bias.as_ref(), c);
                     let layout = QkRopeShape {
                         n,
                         slots,
@@ -641,7 +718,8 @@ impl Decoder {
                         window,
                         keys: 0,
                     };
-                    let mut attn = attention(q, &k_cache, &v_cache, &rows, shape, scale);
+                    let softcap = c.attention_softcap;
+                    let mut attn = attention(q, &k_cache, &v_cache, &rows, shape, scale, softcap);
                     layers.push(LayerState::Attention {
                         k: k_cache,
                         v: v_cache,
@@ -711,8 +789,50 @@ impl Decoder {
             );
             h.select(0, at)
         };
-        Ok(self.head.forward(h))
+        let mut logits = self.head.forward(h);
+        if let Some(b) = &self.head_bias {
+            logits = logits + b.clone().unsqueeze();
+        }
+        if let Some(cap) = c.final_softcap {
+            // tanh's argument clamped where tanh is 1 to f32 precision, as in attention.
+            logits = (logits / cap as f64).clamp(-15.0, 15.0).tanh() * cap as f64;
+        }
+        Ok(logits)
     }
+}
+
+/// Layer `il`'s attention biases as one vector `[q; k; v]` (`widths` values each), where the
+/// file has any (`attn_q.bias`, `attn_k.bias`, `attn_v.bias`, or a fused `attn_qkv.bias`;
+/// llama.cpp `build_qkv` adds each after its projection); a missing one is zeros.
+fn qkv_bias(
+    loader: &GgufLoader,
+    il: usize,
+    widths: [usize; 3],
+) -> Result<Option<Tensor<1>>, Error> {
+    let file = loader.file();
+    let n = |s: &str| format!("blk.{il}.{s}.bias");
+    let total: usize = widths.iter().sum();
+    let check = |name: String, t: Tensor<1>, width: usize| -> Result<Tensor<1>, Error> {
+        expect(name, [t.dims()[0], 1], [width, 1])?;
+        Ok(t)
+    };
+    if file.tensor(&n("attn_qkv")).is_some() {
+        let b = loader.dense(&n("attn_qkv"))?;
+        return Ok(Some(check(n("attn_qkv"), b, total)?));
+    }
+    let names = ["attn_q", "attn_k", "attn_v"];
+    if names.iter().all(|m| file.tensor(&n(m)).is_none()) {
+        return Ok(None);
+    }
+    let parts = names
+        .iter()
+        .zip(widths)
+        .map(|(m, w)| match file.tensor(&n(m)) {
+            Some(_) => check(n(m), loader.dense(&n(m))?, w),
+            None => Ok(Tensor::zeros([w], loader.device())),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(Tensor::cat(parts, 0)))
 }
 
 /// `Ok` when `got` is `want`, else an error naming `what` and both shapes.

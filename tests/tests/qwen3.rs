@@ -115,7 +115,8 @@ fn unsupported_architecture_is_named() {
     let loader = GgufLoader::new(&file, &device, GgufConfig::default());
     let err = Decoder::load(&loader).err().unwrap().to_string();
     assert!(
-        err.contains("'mamba'") && err.contains("gemma3, llama, qwen3, qwen3moe"),
+        err.contains("'mamba'")
+            && err.contains("gemma2, gemma3, llama, phi3, qwen2, qwen3, qwen3moe, qwen35"),
         "{err}"
     );
 }

@@ -4,100 +4,27 @@
 //! `arch/README.md` for why 5e-3) on the packed and the dequantized path, the reference's
 //! greedy ids wherever its top-1/top-2 margin is at least 1e-3, and a prompt run in one pass
 //! (the recurrent scan over its tokens) equal to the same tokens decoded one at a time.
-use burn_gguf::{GgufConfig, GgufLoader};
 use burn_gguf_models::{BatchState, Decoder, SequenceState};
-use burn_gguf_tests::{json_ids, max_abs_diff, read_f32s, read_json, teacher_forced_logits};
-use gguf::GgufFile;
-
-fn argmax(row: &[f32]) -> usize {
-    row.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
-            if v > bv { (i, v) } else { (bi, bv) }
-        })
-        .0
-}
+use burn_gguf_tests::{
+    check_arch_fixtures, json_ids, load_decoder, max_abs_diff, read_json, teacher_forced_logits,
+};
 
 fn to_vec(t: burn::tensor::Tensor<2>) -> Vec<f32> {
     t.try_into_data().unwrap().try_to_vec::<f32>().unwrap()
 }
 
 fn load(path: &std::path::Path, dequantize: bool) -> Decoder {
-    let file = GgufFile::open(path).unwrap();
-    let device = burn_gguf::default_device();
-    let config = GgufConfig {
-        dequantize,
-        ..GgufConfig::default()
-    };
-    let loader = GgufLoader::new(&file, &device, config);
-    let model = Decoder::load(&loader).unwrap();
-    if !dequantize {
-        let fell_back: Vec<_> = loader
-            .report()
-            .dequantized()
-            .map(|e| e.name.clone())
-            .collect();
-        assert!(fell_back.is_empty(), "{path:?}: dequantized {fell_back:?}");
-    }
-    model
-}
-
-/// Checks the three files of `arch/reference_logits_<arch>.json`, packed and dequantized.
-fn check_arch(arch: &str) {
-    let reference = read_json(&format!("arch/reference_logits_{arch}.json"));
-    let mut checked = 0;
-    for (name, entry) in reference.as_object().unwrap() {
-        let path = burn_gguf_tests::fixtures().join(format!("arch/{name}.gguf"));
-        let tokens = json_ids(&entry["teacher_forced_sequence"]);
-        let greedy = json_ids(&entry["greedy_ids"]);
-        let n_prompt = json_ids(&entry["prompt_ids"]).len();
-        let margins: Vec<f64> = entry["per_row_top1_top2_margin"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m.as_f64().unwrap())
-            .collect();
-        let want = read_f32s(&format!("arch/{name}.numpy.logits.f32"));
-        let vocab = want.len() / tokens.len();
-        for dequantize in [false, true] {
-            let got = teacher_forced_logits(&load(&path, dequantize), &tokens);
-            let worst = max_abs_diff(&got, &want);
-            assert!(
-                worst <= 5e-3,
-                "{name} (dequantize: {dequantize}): max |logit - reference| = {worst}"
-            );
-            for r in 0..tokens.len() {
-                if margins[r] >= 1e-3 {
-                    let row = |l: &[f32]| argmax(&l[r * vocab..(r + 1) * vocab]);
-                    assert_eq!(row(&got), row(&want), "{name} row {r}");
-                }
-            }
-            // Row n_prompt - 1 + j chose greedy token j.
-            for (j, &g) in greedy.iter().enumerate() {
-                let r = n_prompt - 1 + j;
-                if r < tokens.len() && margins[r] >= 1e-3 {
-                    assert_eq!(
-                        argmax(&got[r * vocab..(r + 1) * vocab]),
-                        g as usize,
-                        "{name}"
-                    );
-                }
-            }
-            eprintln!("{name} dequantize={dequantize}: max |diff| {worst:.2e}");
-            checked += 1;
-        }
-    }
-    assert_eq!(checked, 6, "{arch}: three files, two paths each");
+    load_decoder(path, dequantize)
 }
 
 #[test]
 fn tiny_qwen35_logits_match_the_reference() {
-    check_arch("qwen35");
+    check_arch_fixtures("qwen35", 5e-3);
 }
 
 #[test]
 fn tiny_qwen35moe_logits_match_the_reference() {
-    check_arch("qwen35moe");
+    check_arch_fixtures("qwen35moe", 5e-3);
 }
 
 /// One pass over the prompt, then decode steps, equals decoding every token alone; and two

@@ -274,7 +274,9 @@ pub fn qk_rope_cache(
 /// Causal grouped-query attention of `q` `[n, n_head, head_dim]` over a layer's caches
 /// `[slots * n_head_kv, capacity, head_dim]`: query row `t` at slot `c` and position `p`
 /// (`rows`) sees the keys of its slot at positions up to `p` (within `layout.window` when
-/// set); softmax of `scale * q k^T` over them, times the values; query head `h` reads KV head
+/// set); softmax of `scale * q k^T` over them (each score `x` soft-capped as
+/// `cap * tanh(x / cap)` with `softcap` `Some(cap)`: Gemma 2's `attn_logit_softcapping`),
+/// times the values; query head `h` reads KV head
 /// `h / (n_head / n_head_kv)`. Returns `[n, n_head * head_dim]` f32. `layout.keys` is set
 /// here from `rows`.
 ///
@@ -284,8 +286,9 @@ pub fn qk_rope_cache(
 /// in one slot, with an additive `[len, past + len]` mask.
 ///
 /// # Panics
-/// If the shapes disagree with `layout` or a row's slot or position is out of range (a
-/// programming error in the caller), or on a CubeCL device if the kernel's checks fail.
+/// If the shapes disagree with `layout`, a row's slot or position is out of range or the
+/// soft-cap is not positive and finite (programming errors in the caller), or on a CubeCL
+/// device if the kernel's checks fail.
 pub fn attention(
     q: Tensor<3>,
     k_cache: &Tensor<3>,
@@ -293,6 +296,7 @@ pub fn attention(
     rows: &CacheRows,
     layout: AttentionShape,
     scale: f32,
+    softcap: Option<f32>,
 ) -> Tensor<2> {
     let AttentionShape {
         n,
@@ -316,8 +320,9 @@ pub fn attention(
             && rows.len() == n
             && rows.rows().iter().all(|&(c, p)| c < slots && p < capacity)
             && n_head_kv > 0
-            && n_head.is_multiple_of(n_head_kv),
-        "attention: q {:?}, caches {:?}/{:?} for {layout:?}, rows {:?}",
+            && n_head.is_multiple_of(n_head_kv)
+            && softcap.is_none_or(|c| c.is_finite() && c > 0.0),
+        "attention: q {:?}, caches {:?}/{:?} for {layout:?}, rows {:?}, soft-cap {softcap:?}",
         q.dims(),
         k_cache.dims(),
         v_cache.dims(),
@@ -334,6 +339,7 @@ pub fn attention(
             rows.device.clone().into_dispatch(),
             layout,
             scale,
+            softcap.unwrap_or(0.0),
         ));
     }
     let rep = n_head / n_head_kv;
@@ -354,6 +360,10 @@ pub fn attention(
             .reshape([n_head_kv, rep * len, hd]);
         let scores = qg.matmul(k.swap_dims(1, 2)) * scale as f64; // [nkv, rep*len, total]
         let mut scores = scores.reshape([n_head_kv, rep, len, total]);
+        if let Some(cap) = softcap {
+            // As the kernel: tanh's argument clamped where tanh is 1 to f32 precision.
+            scores = (scores / cap as f64).clamp(-15.0, 15.0).tanh() * cap as f64;
+        }
         if let Some(mask) = attention_mask(past, len, window, &device) {
             scores = scores + mask.unsqueeze::<4>();
         }

@@ -147,7 +147,8 @@ pub trait GgmlOps: burn::backend::Backend {
     /// [`ggml_kernels::attention::ATTENTION_SPLIT`] visible keys;
     /// [`ggml_kernels::launch_attention`]): `q` `[n, n_head, head_dim]`, caches
     /// `[slots * n_head_kv, capacity, head_dim]` f32, `rows` `[n * 2]` u32 (each query row's
-    /// cache slot and position) -> `[n, n_head * head_dim]`.
+    /// cache slot and position) -> `[n, n_head * head_dim]`. Scores are `scale * q k^T`,
+    /// soft-capped as `softcap * tanh(score / softcap)` when `softcap > 0` (Gemma 2).
     #[fusion(dtype = q, shape = burn::tensor::Shape::new([layout.n, layout.n_head * layout.head_dim]))]
     fn ggml_attention(
         q: FloatTensor<Self>,
@@ -156,6 +157,7 @@ pub trait GgmlOps: burn::backend::Backend {
         rows: IntTensor<Self>,
         layout: ggml_kernels::AttentionShape,
         scale: f32,
+        softcap: f32,
     ) -> FloatTensor<Self>;
 
     /// Causal depthwise convolution and SiLU over each sequence's rows, one kernel
@@ -677,6 +679,7 @@ impl GgmlOps for CubeBackend {
         rows: CubeTensor,
         layout: ggml_kernels::AttentionShape,
         scale: f32,
+        softcap: f32,
     ) -> CubeTensor {
         assert_eq!(rows.dtype, DType::U32, "ggml_attention takes u32 rows");
         let [q, k_cache, v_cache, rows] =
@@ -692,6 +695,7 @@ impl GgmlOps for CubeBackend {
             out.clone().into_buffer_arg(),
             layout,
             scale,
+            (softcap > 0.0).then_some(softcap),
         )
         .unwrap_or_else(|e| panic!("ggml_attention: {e}"));
         out

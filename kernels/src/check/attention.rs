@@ -41,13 +41,15 @@ pub struct AttentionCase {
     pub norm: bool,
     /// NEOX pairing (else NORM).
     pub neox: bool,
+    /// Scores soft-capped as `cap * tanh(score / cap)` (Gemma 2), if any.
+    pub softcap: Option<u32>,
 }
 
 impl AttentionCase {
     /// A short label for tables.
     pub fn label(&self) -> String {
         format!(
-            "{}{}n={} past={} heads={}/{} d={} rot={} window={} {}{}",
+            "{}{}n={} past={} heads={}/{} d={} rot={} window={} {}{}{}",
             if self.batch { "batch " } else { "" },
             if self.key_per_unit {
                 "key-per-unit "
@@ -62,7 +64,9 @@ impl AttentionCase {
             self.rope_dims,
             self.window.map_or("-".into(), |w| w.to_string()),
             if self.neox { "neox" } else { "norm" },
-            if self.norm { "+qk-norm" } else { "" }
+            if self.norm { "+qk-norm" } else { "" },
+            self.softcap
+                .map_or(String::new(), |c| format!(" softcap={c}"))
         )
     }
 }
@@ -71,8 +75,9 @@ impl AttentionCase {
 /// query rows (and a 37-row prefill), GQA ratios 1, 2 and 8, contexts shorter than one split,
 /// not a multiple of it and several splits long ([`crate::attention::ATTENTION_SPLIT`]),
 /// windows shorter and longer than the context, both RoPE pairings, with and without Q/K norm,
-/// RoPE over whole heads and over their first values only (Qwen3.5: 16 of 64); and batches of
-/// 1 to 8 sequences at different positions.
+/// RoPE over whole heads and over their first values only (Qwen3.5: 16 of 64), soft-capped
+/// scores (Gemma 2; caps small enough to bend these scores); and batches of 1 to 8 sequences at
+/// different positions.
 pub fn attention_cases() -> Vec<AttentionCase> {
     let case = |n, past, n_head, n_head_kv, head_dim, window, norm, neox| AttentionCase {
         n,
@@ -86,6 +91,7 @@ pub fn attention_cases() -> Vec<AttentionCase> {
         window,
         norm,
         neox,
+        softcap: None,
     };
     vec![
         case(1, 0, 2, 2, 8, None, false, true),
@@ -108,8 +114,21 @@ pub fn attention_cases() -> Vec<AttentionCase> {
             ..case(1, 30, 2, 1, 24, None, false, false)
         },
         AttentionCase {
+            softcap: Some(2),
+            ..case(8, 292, 4, 2, 128, None, false, true)
+        },
+        AttentionCase {
+            softcap: Some(5),
+            ..case(12, 3, 4, 2, 32, Some(8), false, true)
+        },
+        AttentionCase {
             batch: true,
             ..case(8, 300, 8, 1, 64, None, true, true)
+        },
+        AttentionCase {
+            batch: true,
+            softcap: Some(3),
+            ..case(4, 40, 4, 2, 16, Some(16), false, true)
         },
         AttentionCase {
             batch: true,
@@ -178,6 +197,7 @@ pub fn attention_error(
         window,
         norm,
         neox,
+        softcap,
     } = case;
     let half = rope_dims / 2;
     let (slots, rows) = case.rows();
@@ -277,6 +297,7 @@ pub fn attention_error(
         arg(&out_h, n * nh * hd),
         shape,
         scale,
+        softcap.map(|c| c as f32),
         lanes,
     )?;
     let q_out = read_f32(client, q_h)?;
@@ -369,7 +390,11 @@ pub fn attention_error(
                 .map(|j| {
                     let k = &k_cache[(g * capacity + j) * hd..(g * capacity + j + 1) * hd];
                     let dot: f64 = q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    dot * scale as f64
+                    let s = dot * scale as f64;
+                    match softcap {
+                        Some(cap) => cap as f64 * (s / cap as f64).tanh(),
+                        None => s,
+                    }
                 })
                 .collect();
             let m = scores.iter().fold(f64::MIN, |a, &b| a.max(b));
