@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-bench` (CPU backend) from the `llama-cpp-python` sdist on PyPI, whose
-# vendor/llama.cpp is a pinned llama.cpp tree, into the cache directory, for side-by-side runs
-# with `cargo xtask bench --llama-bench PATH`. Nothing lands in the checkout. About 8 minutes on
-# 2 cores. Prints the binary's path last.
+# Builds llama.cpp's `llama-bench` and `llama-tokenize` (CPU backend) from the `llama-cpp-python`
+# sdist on PyPI, whose vendor/llama.cpp is a pinned llama.cpp tree, into the cache directory, for
+# side-by-side runs with `cargo xtask bench --llama-bench PATH` and the tokenizer tests' reference
+# ids (see tools/llama3_vocab.py). Nothing lands in the checkout. About 8 minutes on 2 cores.
+# Prints llama-bench's path last (llama-tokenize is beside it).
 #
 #   scripts/build-llama-bench.sh [VERSION]     (default: the newest sdist pip finds)
 #
@@ -21,7 +22,9 @@ command -v cmake >/dev/null || { echo "cmake is needed: apt-get install -y cmake
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 spec="llama-cpp-python${version:+==$version}"
-python3 -m pip download --no-deps --no-binary :all: -q -d "$work" "$spec"
+# Only llama-cpp-python itself as the sdist: its build requirements (cmake, ninja, ...) as
+# wheels, since building those from source takes far longer than llama.cpp.
+python3 -m pip download --no-deps --no-binary llama-cpp-python -q -d "$work" "$spec"
 sdist="$(ls "$work"/llama_cpp_python-*.tar.gz)"
 tar -xzf "$sdist" -C "$work"
 src="$(ls -d "$work"/llama_cpp_python-*/vendor/llama.cpp)"
@@ -33,5 +36,5 @@ echo "$(basename "$sdist")" >"$cache/SOURCE"
 cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF >"$cache/cmake.log"
-cmake --build "$cache/build" --target llama-bench -j "$(nproc)" >"$cache/build.log"
+cmake --build "$cache/build" --target llama-bench llama-tokenize -j "$(nproc)" >"$cache/build.log"
 echo "$bin"

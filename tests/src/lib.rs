@@ -174,3 +174,122 @@ pub fn copy_gguf_without(src: &std::path::Path, dst: &std::path::Path, drop: &[&
     }
     w.write(dst).expect("write");
 }
+
+/// A vocabulary-only GGUF (`general.architecture` `llama`) holding the real Llama 3 tokenizer,
+/// built from Meta's tiktoken file (`cargo xtask fetch-model llama3-tokenizer`: PyPI
+/// `llama-models` 0.3.0, `llama_models/llama3/tokenizer.model`, 128,000 base64 tokens with
+/// their ranks) as llama.cpp's converter writes a Llama 3 vocabulary: `tokenizer.ggml.model`
+/// `gpt2`, `pre` `llama-bpe`, the tokens as GPT-2 byte-to-unicode strings then the 256 special
+/// tokens (type 3, control), and the merges recovered from the ranks as transformers'
+/// `TikTokenConverter` does (every split of a token into two tokens, ordered by the parts'
+/// ranks; all merges in the order of the merged token's rank): 280,147 merges.
+pub fn llama3_vocab_gguf(tokenizer_model: &std::path::Path) -> gguf::GgufFile {
+    use gguf::{GgufWriter, MetadataArray, MetadataValue};
+    use std::collections::HashMap;
+    let text = std::fs::read_to_string(tokenizer_model).expect("tokenizer.model");
+    let mut ranks: HashMap<Vec<u8>, u32> = HashMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let (token, rank) = line.split_once(' ').expect("token rank");
+        ranks.insert(base64_decode(token), rank.trim().parse().expect("rank"));
+    }
+    let n_base = ranks.len();
+    // GPT-2's byte-to-unicode map: printable bytes as themselves, the rest from U+0100 up.
+    let mut byte_char = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        byte_char[b as usize] = if printable {
+            char::from(b)
+        } else {
+            next += 1;
+            char::from_u32(next - 1).expect("char")
+        };
+    }
+    let to_str = |b: &[u8]| b.iter().map(|&x| byte_char[x as usize]).collect::<String>();
+    let mut tokens = vec![String::new(); n_base];
+    let mut merges: Vec<(u32, u32, u32, String)> = Vec::new();
+    for (token, &rank) in &ranks {
+        tokens[rank as usize] = to_str(token);
+        for i in 1..token.len() {
+            let (l, r) = token.split_at(i);
+            if let (Some(&rl), Some(&rr)) = (ranks.get(l), ranks.get(r)) {
+                merges.push((rank, rl, rr, format!("{} {}", to_str(l), to_str(r))));
+            }
+        }
+    }
+    merges.sort_unstable_by_key(|m| (m.0, m.1, m.2));
+    let mut specials: Vec<String> = [
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|reserved_special_token_0|>",
+        "<|reserved_special_token_1|>",
+        "<|finetune_right_pad_id|>",
+        "<|step_id|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eom_id|>",
+        "<|eot_id|>",
+        "<|python_tag|>",
+    ]
+    .map(String::from)
+    .to_vec();
+    specials.extend((2..=246).map(|i| format!("<|reserved_special_token_{i}|>")));
+    assert_eq!(specials.len(), 256);
+    let types: Vec<i32> = (0..n_base + 256)
+        .map(|i| if i < n_base { 1 } else { 3 })
+        .collect();
+    tokens.extend(specials);
+
+    let mut w = GgufWriter::new();
+    let u = MetadataValue::U32;
+    w.add_metadata(
+        "general.architecture",
+        MetadataValue::String("llama".into()),
+    );
+    w.add_metadata("tokenizer.ggml.model", MetadataValue::String("gpt2".into()));
+    w.add_metadata(
+        "tokenizer.ggml.pre",
+        MetadataValue::String("llama-bpe".into()),
+    );
+    w.add_metadata(
+        "tokenizer.ggml.tokens",
+        MetadataValue::Array(MetadataArray::String(tokens)),
+    );
+    w.add_metadata(
+        "tokenizer.ggml.token_type",
+        MetadataValue::Array(MetadataArray::I32(types)),
+    );
+    w.add_metadata(
+        "tokenizer.ggml.merges",
+        MetadataValue::Array(MetadataArray::String(
+            merges.into_iter().map(|m| m.3).collect(),
+        )),
+    );
+    w.add_metadata("tokenizer.ggml.bos_token_id", u(n_base as u32));
+    // `<|eot_id|>`, as in the instruct models' files.
+    w.add_metadata("tokenizer.ggml.eos_token_id", u(n_base as u32 + 9));
+    w.add_metadata("tokenizer.ggml.add_bos_token", MetadataValue::Bool(true));
+    gguf::GgufFile::from_bytes(w.to_bytes().expect("vocabulary GGUF")).expect("read back")
+}
+
+/// Standard base64 (RFC 4648, with `=` padding) to bytes.
+fn base64_decode(s: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let digits: Vec<u8> = s.bytes().filter(|&c| c != b'=').map(value).collect();
+    let mut out = Vec::with_capacity(digits.len() * 3 / 4);
+    for chunk in digits.chunks(4) {
+        let mut acc = 0u32;
+        for (i, &d) in chunk.iter().enumerate() {
+            acc |= (d as u32) << (18 - 6 * i);
+        }
+        out.extend(acc.to_be_bytes()[1..chunk.len()].iter());
+    }
+    out
+}

