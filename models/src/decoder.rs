@@ -521,6 +521,41 @@ impl Decoder {
         &self.device
     }
 
+    /// The most positions each sequence of a [`BatchState`] of `slots` sequences can hold on
+    /// this device: the model's `context_length`, or fewer where one attention layer's K (or V)
+    /// cache, `[slots * n_head_kv, positions, head_dim]` f32, would pass the device's largest
+    /// buffer ([`burn_gguf::max_buffer_bytes`]: 128 MiB on lavapipe). [`Decoder::forward_batch`]
+    /// refuses a pass past it; `serve` caps each request's context to it.
+    pub fn max_positions(&self, slots: usize) -> usize {
+        let ctx = self.config.context_length;
+        let Some(max_buffer) = burn_gguf::max_buffer_bytes(&self.device) else {
+            return ctx;
+        };
+        let per_position = self
+            .layer_kinds()
+            .iter()
+            .filter_map(|k| match *k {
+                LayerKind::Attention {
+                    n_head_kv,
+                    head_dim,
+                } => Some(
+                    slots
+                        .max(1)
+                        .saturating_mul(n_head_kv)
+                        .saturating_mul(head_dim)
+                        .saturating_mul(size_of::<f32>()),
+                ),
+                LayerKind::Recurrent { .. } => None,
+            })
+            .max();
+        match per_position {
+            Some(bytes) if bytes > 0 => {
+                ctx.min(usize::try_from(max_buffer / bytes as u64).unwrap_or(usize::MAX))
+            }
+            _ => ctx,
+        }
+    }
+
     /// The layers' state kinds, for [`SequenceState`] to allocate.
     fn layer_kinds(&self) -> Vec<LayerKind> {
         let c = &self.config;
@@ -579,7 +614,8 @@ impl Decoder {
     ///
     /// # Errors
     /// Empty `ids`, a token id not below the vocabulary size, or a context past
-    /// `context_length`. A failure part way through a pass leaves `state` empty.
+    /// `context_length` or [`Decoder::max_positions`]. A failure part way through a pass leaves
+    /// `state` empty.
     pub fn forward(
         &self,
         ids: &[u32],
@@ -601,7 +637,7 @@ impl Decoder {
     ///
     /// # Errors
     /// No sequence, empty `ids`, a slot out of range or named twice, a token id not below the
-    /// vocabulary size, or a context past `context_length`. A failure part way through a pass
+    /// vocabulary size, or a context past `context_length` or [`Decoder::max_positions`]. A failure part way through a pass
     /// leaves every slot of `state` empty.
     pub fn forward_batch(
         &self,
@@ -613,6 +649,7 @@ impl Decoder {
         if seqs.is_empty() || seqs.iter().any(|(_, ids)| ids.is_empty()) {
             return Err(Error::Model("forward needs at least one token".into()));
         }
+        let limit = self.max_positions(state.slots());
         let mut rows = Vec::new();
         let mut lens = state.lens().to_vec();
         let mut seen = vec![false; lens.len()];
@@ -642,6 +679,13 @@ impl Decoder {
                     c.context_length
                 )));
             }
+            if total > limit {
+                return Err(Error::Model(format!(
+                    "context of {total} tokens exceeds the {limit} positions a KV cache of {} \
+                     sequences holds in this device's largest buffer",
+                    state.slots()
+                )));
+            }
             rows.extend((past..total).map(|p| (slot, p)));
             ids.extend_from_slice(seq_ids);
             last_rows.push(rows.len() - 1);
@@ -650,7 +694,7 @@ impl Decoder {
         let n = ids.len();
         let end = rows.iter().map(|r| r.1 + 1).max().unwrap_or(0);
         let dev = &self.device;
-        state.reserve(end, c.context_length, &self.layer_kinds(), dev);
+        state.reserve(end, limit, &self.layer_kinds(), dev);
         let (slots, capacity) = (state.slots(), state.capacity());
         let tables = self.rope_tables(end);
         let rows = CacheRows::new(rows, dev);

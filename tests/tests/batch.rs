@@ -211,3 +211,45 @@ fn forward_batch_rejects_bad_slots() {
     // Nothing ran: both slots are still empty.
     assert_eq!((state.len(0), state.len(1)), (0, 0));
 }
+
+/// Many slots: one layer's K cache, `[slots * n_head_kv, positions, head_dim]` f32, reaches the
+/// device's largest buffer at far fewer positions than the model's context. The state holds
+/// what fits (`Decoder::max_positions`), a longer pass is an error saying why, not a failed
+/// allocation, and the slots still run.
+#[test]
+fn kv_cache_of_many_slots_stays_within_the_largest_buffer() {
+    let device = burn_gguf::default_device();
+    let file = GgufFile::open(fixtures().join("gguf/tiny-qwen3-Q8_0.gguf")).unwrap();
+    let model = Decoder::load(&GgufLoader::new(&file, &device, GgufConfig::default())).unwrap();
+    let c = model.config();
+    let max_buffer = burn_gguf::max_buffer_bytes(&device).expect("a CubeCL device");
+    // Bytes of one position of every slot in one layer's K cache.
+    let slots = 1024;
+    let per_position = (slots * c.n_head_kv * c.head_dim * 4) as u64;
+    let fits = (max_buffer / per_position) as usize;
+    assert!(fits < c.context_length, "{fits} positions fit");
+    assert_eq!(model.max_positions(slots), fits);
+    assert_eq!(
+        model.max_positions(1),
+        c.context_length
+            .min((max_buffer / (per_position / slots as u64)) as usize)
+    );
+
+    let mut state = BatchState::new(slots);
+    let long: Vec<u32> = (0..fits as u32 + 1).map(|i| 10 + i % 300).collect();
+    let e = model
+        .forward_batch(&mut state, &[(0, &long[..])], false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&format!("{fits} positions")), "{e}");
+    // A pass that fits runs, in the first and the last slot, and matches a sequence alone.
+    let ids = &long[..fits];
+    let logits = model
+        .forward_batch(&mut state, &[(0, ids), (slots - 1, &ids[..3])], false)
+        .unwrap();
+    assert_eq!(state.len(slots - 1), 3);
+    let mut alone = SequenceState::new();
+    let want = model.forward(&ids[..3], &mut alone, false).unwrap();
+    let got = logits.narrow(0, 1, 1);
+    assert!(max_abs_diff(&rows(got)[0], &rows(want)[0]) <= 1e-4);
+}

@@ -123,7 +123,9 @@ pub struct ModelHandle {
     pub tokenizer: Arc<GgufTokenizer>,
     /// Its chat template (the file's, or a built-in one).
     pub template: Arc<ChatTemplate>,
-    /// Context length served: the model's, capped by `--ctx-size`.
+    /// Context length served: the model's, capped by `--ctx-size` and by what a KV cache of
+    /// `--max-concurrent` sequences holds in the device's largest buffer
+    /// ([`burn_gguf_models::Decoder::max_positions`]).
     pub n_ctx: usize,
     /// Sends jobs to the worker; dropping every sender ends the worker after its running jobs.
     pub jobs: mpsc::Sender<Job>,
@@ -134,8 +136,9 @@ pub struct ModelHandle {
 }
 
 /// Starts the worker thread of the model at `path`: it loads the model on `device` (a
-/// [`burn_gguf::select_device`] choice; packed, or dequantized with `dequantize`) and then serves jobs, up to `slots` sequences at
-/// once (the server's `--max-concurrent`). Returns once the model is loaded.
+/// [`burn_gguf::select_device`] choice; packed, or dequantized with `dequantize`) and then
+/// serves jobs, up to `slots` sequences at once (the server's `--max-concurrent`). Returns once
+/// the model is loaded.
 ///
 /// # Errors
 /// A load error as a message (the thread has ended then).
@@ -172,7 +175,16 @@ pub fn start(
                 }
             };
             let tokenizer = Arc::new(loaded.tokenizer);
-            let n_ctx = loaded.model.config().context_length.min(ctx_cap);
+            let fits = loaded.model.max_positions(slots.max(1));
+            if fits < loaded.model.config().context_length.min(ctx_cap) {
+                tracing::warn!(
+                    "{}: a KV cache of {} sequences holds {fits} positions each in this \
+                     device's largest buffer; serving a context of {fits} tokens",
+                    path.display(),
+                    slots.max(1)
+                );
+            }
+            let n_ctx = loaded.model.config().context_length.min(ctx_cap).min(fits);
             let _ = ready_tx.send(Ok((tokenizer.clone(), Arc::new(template), n_ctx)));
             drop(loaded.file);
             let mut worker = Worker {

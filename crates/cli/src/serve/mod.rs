@@ -63,7 +63,8 @@ pub struct ServeOptions {
     /// Most requests waiting for a slot; more are answered 429.
     #[arg(long, default_value_t = 128)]
     pub max_queue: usize,
-    /// Context length per sequence (capped by the model's own).
+    /// Context length per sequence, capped by the model's own and by what a KV cache of
+    /// `--max-concurrent` sequences holds in the device's largest buffer (a warning says so).
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
     /// Largest request body in bytes.
