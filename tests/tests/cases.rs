@@ -1,5 +1,6 @@
 //! Cases of `../shared/cases/CASES.md` on the device: hand-built blocks (C08, C09, C11) through
-//! the kernels, the WGSL limits (C26, C27) and the buffer and dispatch limits (C28, C29). The
+//! the kernels, the WGSL limits (C26, C27), the buffer and dispatch limits (C28, C29) and a
+//! Q4 block matmul of several rows, packed and as Burn's QFloat (C30). The
 //! codec side of C08, C09 and C11 is in `crates/ggml-codec/tests/cases.rs`.
 use burn::tensor::{Tensor, TensorData};
 use burn_gguf::GgmlTensor;
@@ -213,4 +214,69 @@ fn c29_more_than_65535_workgroups() {
     )
     .unwrap();
     assert!(err <= 1.0, "error {err} x the bound");
+}
+
+/// C30: a 1,024 x 1,024 Q4_0 weight (4-bit blocks of 32) multiplies `x` of 1 and of 2 rows
+/// (ones, and random values) both packed (`GgmlTensor`: the fused GEMV, whose variant is picked
+/// within the device's workgroup-memory limit) and as Burn's own quantized tensor
+/// (`burn_gguf::qfloat`, Burn's quantized matmul): each output within 1e-3 of the f64 product
+/// with the dequantized weight, relative to `sum |x_k w_nk|`. Quantizing a transposed view
+/// (`write::add_quantized`) gives the blocks of a contiguous copy: the quantizer reads logical
+/// order, not storage order.
+#[test]
+fn c30_q4_blocks_for_several_rows_and_from_a_transposed_view() {
+    use burn_gguf::write::add_quantized;
+    use gguf::{GgufFile, GgufWriter};
+    let device = burn_gguf::default_device();
+    let (n, k) = (1024, 1024);
+    let w = burn_gguf_tests::rand_vec(n * k, 30);
+    // W^T stored contiguously ([k, n]), so that `.transpose()` is W as a strided view.
+    let w_t: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+    let blocks = |t: Tensor<2>| {
+        let mut writer = GgufWriter::new();
+        add_quantized(&mut writer, "w", GgmlType::Q4_0, t).unwrap();
+        let file = GgufFile::from_bytes(writer.to_bytes().unwrap()).unwrap();
+        file.tensor_data(file.tensor("w").unwrap()).to_vec()
+    };
+    let bytes = blocks(Tensor::from_data(TensorData::new(w, [n, k]), &device));
+    let view = Tensor::<2>::from_data(TensorData::new(w_t, [k, n]), &device).transpose();
+    assert!(
+        blocks(view) == bytes,
+        "a transposed view quantizes differently"
+    );
+
+    let wq = ggml_codec::dequantize_to_vec(GgmlType::Q4_0, &bytes, n * k).unwrap();
+    let packed = GgmlTensor::from_bytes(&bytes, GgmlType::Q4_0, [n, k], &device).unwrap();
+    let qfloat = Tensor::<2>::from_data(
+        burn_gguf::qfloat::to_qfloat(GgmlType::Q4_0, &bytes, &[n, k], &device).unwrap(),
+        &device,
+    );
+    let random = burn_gguf_tests::rand_vec(k, 31);
+    for m in [1, 2] {
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| if i < k { 1.0 } else { random[i - k] })
+            .collect();
+        let xt = || Tensor::<2>::from_data(TensorData::new(x.clone(), [m, k]), &device);
+        let outputs = [
+            ("packed", to_vec(packed.matmul_t(xt()))),
+            ("qfloat", to_vec(xt().matmul(qfloat.clone().transpose()))),
+        ];
+        for (path, y) in outputs {
+            for r in 0..m {
+                for row in 0..n {
+                    let (mut dot, mut mag) = (0f64, 0f64);
+                    for j in 0..k {
+                        let p = f64::from(x[r * k + j]) * f64::from(wq[row * k + j]);
+                        dot += p;
+                        mag += p.abs();
+                    }
+                    let got = f64::from(y[r * n + row]);
+                    assert!(
+                        (got - dot).abs() <= 1e-3 * mag,
+                        "{path} M={m} [{r}, {row}]: {got} vs f64 {dot}"
+                    );
+                }
+            }
+        }
+    }
 }
