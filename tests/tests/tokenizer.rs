@@ -2,7 +2,8 @@
 //! `llama_tokenize(parse_special = true)` ids) for the real Gemma 3 270M vocabulary (SPM) and the
 //! tiny Qwen3 one (byte-level BPE), plus the metadata validation cases C06, C23 and C24; and ids
 //! from llama.cpp's `llama-tokenize` for the real Llama 3 vocabulary (`llama-bpe`, its
-//! `ignore_merges` rule) and Gemma 3's whitespace runs.
+//! `ignore_merges` rule, SERVING-CASES N01) and Gemma 3's whitespace runs; `generate` never
+//! streams part of a character (N03).
 //!
 //! The Gemma tests read `$BURN_GGUF_GEMMA`, else the model cache (fetched on first use); the
 //! Llama 3 test reads Meta's tokenizer file from the cache (`cargo xtask fetch-model
@@ -479,6 +480,16 @@ const LLAMA3_VECTORS: &[(&str, &[u32], &[u32])] = &[
     ),
     ("", &[128000], &[]),
     (" ", &[128000, 220], &[220]),
+    // SERVING-CASES N01's other words (rten #453), and N03's `歪`, whose bytes E6 AD AA are two
+    // tokens (15722 holds E6 AD).
+    (" Việc", &[128000, 114195], &[114195]),
+    (" soubor", &[128000, 127539], &[127539]),
+    (" sektör", &[128000, 108921], &[108921]),
+    (
+        "歪歪歪 🦙",
+        &[128000, 15722, 103, 15722, 103, 15722, 103, 11410, 99, 247],
+        &[15722, 103, 15722, 103, 15722, 103, 11410, 99, 247],
+    ),
 ];
 
 /// The same for Gemma 3 270M's SentencePiece vocabulary: runs of spaces, tabs and newlines
@@ -553,6 +564,11 @@ fn llama3_vocabulary_matches_llama_cpp() {
         tok.decode(&tok.encode(" Việt", false).unwrap()).unwrap(),
         " Việt"
     );
+    // N03: a token holding part of a character decodes to its bytes, and to a replacement
+    // character as text, which `generate` and `serve` hold back until the next token completes it.
+    assert_eq!(tok.decode_bytes(&[15722]).unwrap(), [0xE6, 0xAD]);
+    assert!(tok.decode(&[15722]).unwrap().ends_with('\u{FFFD}'));
+    assert_eq!(tok.decode(&[15722, 103]).unwrap(), "歪");
 }
 
 /// Gemma 3's whitespace runs.
@@ -560,4 +576,71 @@ fn llama3_vocabulary_matches_llama_cpp() {
 fn gemma_whitespace_runs_match_llama_cpp() {
     let tok = GgufTokenizer::from_gguf(&gemma_file()).unwrap();
     check_llama_cpp_ids(&tok, "gemma3", GEMMA3_VECTORS);
+}
+
+/// A model that "predicts" the tokens of a script, one per step, whatever the input: logits
+/// `[1, vocab]` with the script's next token at 1 and the rest at 0.
+struct Scripted {
+    script: Vec<u32>,
+    vocab: usize,
+}
+
+impl burn_gguf_models::CausalLm for Scripted {
+    /// Tokens fed so far.
+    type Cache = usize;
+    fn new_cache(&self) -> usize {
+        0
+    }
+    fn forward(
+        &self,
+        ids: &[u32],
+        fed: &mut usize,
+        _all_logits: bool,
+    ) -> Result<burn::tensor::Tensor<2>, burn_gguf_models::Error> {
+        // The prompt's tokens are fed first; each later call is one generated token.
+        let step = (*fed).saturating_sub(PROMPT_LEN - 1);
+        *fed += ids.len();
+        let mut row = vec![0f32; self.vocab];
+        row[self.script[step.min(self.script.len() - 1)] as usize] = 1.0;
+        let device = burn::tensor::Device::flex();
+        Ok(burn::tensor::Tensor::from_data(
+            burn::tensor::TensorData::new(row, [1, self.vocab]),
+            &device,
+        ))
+    }
+    fn truncate_cache(&self, fed: &mut usize, len: usize) -> usize {
+        *fed = len.min(*fed);
+        *fed
+    }
+}
+
+/// Tokens of the prompt [`Scripted`] is given (`<|begin_of_text|>` and "hi").
+const PROMPT_LEN: usize = 2;
+
+/// SERVING-CASES N03 through `generate`: with Llama 3's vocabulary, `歪` is two tokens (15722
+/// holds bytes E6 AD, 103 holds AA) and `🦙` three; `on_text` gets each character whole, never
+/// a replacement character, and generation stops at `<|eot_id|>` without its text.
+#[test]
+fn streamed_text_never_splits_a_character() {
+    use burn_gguf_models::{Sampler, SamplerConfig, generate};
+    let path = burn_gguf_cli::fetch::ensure_model("llama3-tokenizer")
+        .unwrap_or_else(|e| panic!("Llama 3 tokenizer: {e}"));
+    let tok = GgufTokenizer::from_gguf(&burn_gguf_tests::llama3_vocab_gguf(&path)).unwrap();
+    assert_eq!(tok.encode("hi", true).unwrap().len(), PROMPT_LEN);
+    let model = Scripted {
+        script: vec![15722, 103, 15722, 103, 11410, 99, 247, 128_009],
+        vocab: tok.vocab_size(),
+    };
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: 0.0,
+        ..SamplerConfig::default()
+    });
+    let mut pieces = Vec::new();
+    let out = generate(&model, &tok, "hi", 32, &mut sampler, |p| {
+        pieces.push(p.to_string())
+    })
+    .unwrap();
+    assert_eq!(out.generated_ids, model.script);
+    assert_eq!(pieces, ["歪", "歪", " 🦙"]);
+    assert_eq!(out.text, "歪歪 🦙");
 }
