@@ -637,8 +637,8 @@ impl Decoder {
     ///
     /// # Errors
     /// No sequence, empty `ids`, a slot out of range or named twice, a token id not below the
-    /// vocabulary size, or a context past `context_length` or [`Decoder::max_positions`]. A failure part way through a pass
-    /// leaves every slot of `state` empty.
+    /// vocabulary size, or a context past `context_length` or [`Decoder::max_positions`]. A
+    /// failure part way through a pass leaves every slot of `state` empty.
     pub fn forward_batch(
         &self,
         state: &mut BatchState,
