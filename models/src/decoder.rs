@@ -37,6 +37,7 @@
 use crate::Error;
 use crate::config::DecoderConfig;
 use crate::delta_net::DeltaNetLayer;
+use crate::lora::{DecoderLora, LoraTarget};
 use crate::state::{BatchState, LayerKind, LayerState, SequenceState};
 use burn::tensor::activation::sigmoid;
 use burn::tensor::{Device, Tensor};
@@ -55,6 +56,44 @@ struct Layer {
     post_norms: Option<[Tensor<1>; 2]>,
     ffn_norm: Tensor<1>,
     ffn: Ffn,
+    /// Q, K and V come from one `attn_qkv` weight (Phi-3): a LoRA adapter adapts it whole.
+    fused_qkv: bool,
+    /// Gate and up come from one `ffn_up` weight (Phi-3).
+    fused_gate_up: bool,
+}
+
+/// The adapters a pass applies, seen from one layer.
+#[derive(Clone, Copy)]
+struct LayerLora<'a> {
+    lora: Option<&'a DecoderLora>,
+    layer: usize,
+}
+
+impl LayerLora<'_> {
+    /// `y` plus the update of the layer's weight `name` for `x`, where an adapter has one.
+    fn add(&self, y: Tensor<2>, name: &str, x: &Tensor<2>) -> Tensor<2> {
+        match self.lora.and_then(|l| l.delta(self.layer, name, x)) {
+            Some(d) => y + d,
+            None => y,
+        }
+    }
+
+    /// `y` plus the updates of a stacked projection whose output columns are `parts`.
+    fn add_stacked(&self, y: Tensor<2>, parts: &[(&str, usize)], x: &Tensor<2>) -> Tensor<2> {
+        match self
+            .lora
+            .and_then(|l| l.delta_stacked(self.layer, parts, x))
+        {
+            Some(d) => y + d,
+            None => y,
+        }
+    }
+
+    /// Whether no adapter applies to this layer.
+    fn is_empty(&self) -> bool {
+        self.lora
+            .is_none_or(|l| l.targets().iter().all(|t| t.layer != self.layer))
+    }
 }
 
 /// What mixes a layer's tokens: attention over a KV cache, or a delta net's recurrent state.
@@ -115,11 +154,15 @@ impl Qkv {
     /// `positions` and `rope_dims` for the caller.
     ///
     /// `bias` (`[q; k; v]` rows, Qwen2) is added to the projections.
+    /// `lora` adds the adapters' updates of `attn_q`, `attn_k`, `attn_v` (or of `attn_qkv`
+    /// when `fused`) to their columns.
     fn forward(
         &self,
         h: Tensor<2>,
         bias: Option<&Tensor<1>>,
         c: &DecoderConfig,
+        lora: LayerLora<'_>,
+        fused: bool,
     ) -> (Tensor<2>, Tensor<2>, QkRopeShape, Option<Tensor<2>>) {
         let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         // Gated attention: per head `head_dim` query rows, then `head_dim` gate rows.
@@ -146,21 +189,26 @@ impl Qkv {
                 y + b.clone().narrow(0, at, width).unsqueeze()
             }
         };
+        let qkv_parts: &[(&str, usize)] = match fused {
+            true => &[("attn_qkv", qw + 2 * kv)],
+            false => &[("attn_q", qw), ("attn_k", kv), ("attn_v", kv)],
+        };
         let (qk, v, layout) = match self {
             Self::Stacked(w) => {
-                let y = add(w.forward(h), 0);
+                let y = lora.add_stacked(add(w.forward(h.clone()), 0), qkv_parts, &h);
                 (y.clone(), y, layout(qw + 2 * kv, qw + 2 * kv, qw + kv))
             }
             Self::StackedQk(wqk, wv) => (
-                add(wqk.forward(h.clone()), 0),
-                add(wv.forward(h), qw + kv),
+                lora.add_stacked(add(wqk.forward(h.clone()), 0), &qkv_parts[..2], &h),
+                lora.add(add(wv.forward(h.clone()), qw + kv), "attn_v", &h),
                 layout(qw + kv, kv, 0),
             ),
             Self::Each([wq, wk, wv]) => {
-                let qk = Tensor::cat(vec![wq.forward(h.clone()), wk.forward(h.clone())], 1);
+                let q = lora.add(wq.forward(h.clone()), "attn_q", &h);
+                let k = lora.add(wk.forward(h.clone()), "attn_k", &h);
                 (
-                    add(qk, 0),
-                    add(wv.forward(h), qw + kv),
+                    add(Tensor::cat(vec![q, k], 1), 0),
+                    lora.add(add(wv.forward(h.clone()), qw + kv), "attn_v", &h),
                     layout(qw + kv, kv, 0),
                 )
             }
@@ -235,11 +283,31 @@ impl GateUp {
         })
     }
 
-    /// `act(gate h) * up h`.
-    fn forward(&self, h: Tensor<2>, act: Activation) -> Tensor<2> {
+    /// `act(gate h) * up h`, with `lora`'s updates of `ffn_gate` and `ffn_up` (of `ffn_up`
+    /// holding both when `fused`) added before the activation.
+    fn forward(
+        &self,
+        h: Tensor<2>,
+        act: Activation,
+        lora: LayerLora<'_>,
+        fused: bool,
+    ) -> Tensor<2> {
         match self {
-            GateUp::Stacked(w) => w.forward_gated(h, act),
-            GateUp::Each(gate, up) => gated(gate.forward(h.clone()), up.forward(h), act),
+            GateUp::Stacked(w) if lora.is_empty() => w.forward_gated(h, act),
+            GateUp::Stacked(w) => {
+                let width = w.weight.shape()[0] / 2;
+                let parts: &[(&str, usize)] = match fused {
+                    true => &[("ffn_up", 2 * width)],
+                    false => &[("ffn_gate", width), ("ffn_up", width)],
+                };
+                let y = lora.add_stacked(w.forward(h.clone()), parts, &h);
+                burn_gguf::gated_stacked(y, act)
+            }
+            GateUp::Each(gate, up) => gated(
+                lora.add(gate.forward(h.clone()), "ffn_gate", &h),
+                lora.add(up.forward(h.clone()), "ffn_up", &h),
+                act,
+            ),
         }
     }
 
@@ -272,6 +340,12 @@ pub struct Decoder {
     /// sliding window), built for the positions used so far and grown with them.
     rope: Mutex<Option<[RopeTable; 2]>>,
     device: Device,
+    /// The projections a LoRA adapter can adapt, with their shapes `[out, in]`: every
+    /// attention layer's Q, K, V (or fused QKV) and output, every dense FFN's gate, up and
+    /// down.
+    lora_targets: Vec<(LoraTarget, [usize; 2])>,
+    /// Adapters every pass applies ([`Decoder::set_lora`]).
+    lora: Option<DecoderLora>,
 }
 
 impl Decoder {
@@ -285,6 +359,7 @@ impl Decoder {
         let config = DecoderConfig::from_gguf(file)?;
         let embed = loader.embedding("token_embd.weight")?;
         let mut layers = Vec::with_capacity(config.n_layers);
+        let mut lora_targets = Vec::new();
         for il in 0..config.n_layers {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
             let pair = |a: &str, b: &str| -> Result<[Tensor<1>; 2], Error> {
@@ -323,7 +398,27 @@ impl Decoder {
                     },
                 }
             };
+            let mut adaptable = vec!["ffn_gate", "ffn_up", "ffn_down"];
+            if config.moe.is_some() {
+                adaptable.clear();
+            }
+            if !config.is_recurrent(il) {
+                adaptable.extend(["attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output"]);
+            }
+            for name in adaptable {
+                if let Some(t) = file.tensor(&n(name))
+                    && let [rows, cols] = t.shape()[..]
+                {
+                    let target = LoraTarget {
+                        layer: il,
+                        name: name.to_string(),
+                    };
+                    lora_targets.push((target, [rows, cols]));
+                }
+            }
             layers.push(Layer {
+                fused_qkv: file.tensor(&n("attn_qkv")).is_some(),
+                fused_gate_up: file.tensor(&n("ffn_gate")).is_none(),
                 attn_norm: loader.dense(&n("attn_norm"))?,
                 mixer,
                 post_norms: match config.post_norms {
@@ -432,6 +527,8 @@ impl Decoder {
             rope_freqs,
             rope: Mutex::new(None),
             device: loader.device().clone(),
+            lora_targets,
+            lora: None,
         };
         model.check_shapes()?;
         Ok(model)
@@ -519,6 +616,26 @@ impl Decoder {
     /// The device the weights live on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The projections a LoRA adapter can adapt ([`DecoderLora`]), with their shapes
+    /// `[out, in]`: each attention layer's `attn_q`, `attn_k`, `attn_v` (or `attn_qkv`) and
+    /// `attn_output`, each dense FFN's `ffn_gate`, `ffn_up` and `ffn_down`. Not the experts of
+    /// a MoE layer, the delta-net layers' projections, the embeddings or the head.
+    pub fn lora_targets(&self) -> &[(LoraTarget, [usize; 2])] {
+        &self.lora_targets
+    }
+
+    /// Attaches adapters that every pass of [`Decoder::forward`] and
+    /// [`Decoder::forward_batch`] applies (so `generate`, chat and the server use them), or
+    /// detaches them with `None`. Returns the ones attached before.
+    pub fn set_lora(&mut self, lora: Option<DecoderLora>) -> Option<DecoderLora> {
+        std::mem::replace(&mut self.lora, lora)
+    }
+
+    /// The attached adapters, if any.
+    pub fn lora(&self) -> Option<&DecoderLora> {
+        self.lora.as_ref()
     }
 
     /// The most positions each sequence of a [`BatchState`] of `slots` sequences can hold on
@@ -645,6 +762,76 @@ impl Decoder {
         seqs: &[(usize, &[u32])],
         all_logits: bool,
     ) -> Result<Tensor<2>, Error> {
+        self.forward_batch_with(state, seqs, all_logits, self.lora.as_ref())
+    }
+
+    /// [`Decoder::forward_batch`] with the adapters `lora` (none for `None`) in place of the
+    /// attached ones: a training step's adapters, or a request's choice among several.
+    ///
+    /// # Errors
+    /// As [`Decoder::forward_batch`].
+    pub fn forward_batch_with(
+        &self,
+        state: &mut BatchState,
+        seqs: &[(usize, &[u32])],
+        all_logits: bool,
+        lora: Option<&DecoderLora>,
+    ) -> Result<Tensor<2>, Error> {
+        let (h, last_rows) = self.hidden_batch(state, seqs, lora)?;
+        let n = h.dims()[0];
+        let h = if all_logits || last_rows.len() == n {
+            h
+        } else if let [last] = last_rows[..] {
+            h.narrow(0, last, 1)
+        } else {
+            let at: Vec<i64> = last_rows.iter().map(|&r| r as i64).collect();
+            let at = Tensor::<1, burn::tensor::Int>::from_data(
+                burn::tensor::TensorData::new(at, [last_rows.len()]),
+                &self.device,
+            );
+            h.select(0, at)
+        };
+        Ok(self.logits(h))
+    }
+
+    /// The final hidden states (after the output norm) of every token of `ids`, the next
+    /// tokens after those in `state`, with the adapters `lora`: `[ids.len(), n_embd]` f32.
+    /// [`Decoder::logits`] turns rows of it into logits; a training loss takes them a few
+    /// rows at a time, so a large vocabulary's `[tokens, vocab]` is never whole.
+    ///
+    /// # Errors
+    /// As [`Decoder::forward`].
+    pub fn forward_hidden(
+        &self,
+        ids: &[u32],
+        state: &mut SequenceState,
+        lora: Option<&DecoderLora>,
+    ) -> Result<Tensor<2>, Error> {
+        Ok(self.hidden_batch(&mut state.0, &[(0, ids)], lora)?.0)
+    }
+
+    /// The output head over final hidden states: `h` `[n, n_embd]` -> logits `[n, vocab]`
+    /// (with `output.bias` and the final soft-cap where the model has them).
+    pub fn logits(&self, h: Tensor<2>) -> Tensor<2> {
+        let c = &self.config;
+        let mut logits = self.head.forward(h);
+        if let Some(b) = &self.head_bias {
+            logits = logits + b.clone().unsqueeze();
+        }
+        if let Some(cap) = c.final_softcap {
+            // tanh's argument clamped where tanh is 1 to f32 precision, as in attention.
+            logits = (logits / cap as f64).clamp(-15.0, 15.0).tanh() * cap as f64;
+        }
+        logits
+    }
+
+    /// Every row's final hidden state `[n, n_embd]` and each sequence's last row in it.
+    fn hidden_batch(
+        &self,
+        state: &mut BatchState,
+        seqs: &[(usize, &[u32])],
+        lora: Option<&DecoderLora>,
+    ) -> Result<(Tensor<2>, Vec<usize>), Error> {
         let c = &self.config;
         if seqs.is_empty() || seqs.iter().any(|(_, ids)| ids.is_empty()) {
             return Err(Error::Model("forward needs at least one token".into()));
@@ -713,6 +900,7 @@ impl Decoder {
         let old = state.take_layers();
         let mut layers = Vec::with_capacity(old.len());
         for ((il, l), layer_state) in self.layers.iter().enumerate().zip(old) {
+            let lora = LayerLora { lora, layer: il };
             let o = match (&l.mixer, layer_state) {
                 (
                     Mixer::Attention {
@@ -727,7 +915,7 @@ impl Decoder {
                     },
                 ) => {
                     let local = c.is_local(il);
-                    let (qk, v, layout, gate) = qkv.forward(h, bias.as_ref(), c);
+                    let (qk, v, layout, gate) = qkv.forward(h, bias.as_ref(), c, lora, l.fused_qkv);
                     let layout = QkRopeShape {
                         n,
                         slots,
@@ -771,7 +959,7 @@ impl Decoder {
                     if let Some(gate) = gate {
                         attn = attn * sigmoid(gate);
                     }
-                    wo.forward(attn)
+                    lora.add(wo.forward(attn.clone()), "attn_output", &attn)
                 }
                 (Mixer::DeltaNet(dn), LayerState::Recurrent { state: s, conv }) => {
                     let (o, s, conv) = dn.forward(h, s, conv, &rows, c);
@@ -787,7 +975,10 @@ impl Decoder {
             let post = l.post_norms.as_ref();
             let (x_mid, h_ffn) = add_rms_norm(x, o, post.map(|[a, _]| a), &l.ffn_norm, eps);
             let d = match &l.ffn {
-                Ffn::Dense { gate_up, down } => down.forward(gate_up.forward(h_ffn, c.activation)),
+                Ffn::Dense { gate_up, down } => {
+                    let a = gate_up.forward(h_ffn, c.activation, lora, l.fused_gate_up);
+                    lora.add(down.forward(a.clone()), "ffn_down", &a)
+                }
                 Ffn::Moe {
                     router,
                     experts,
@@ -807,7 +998,9 @@ impl Decoder {
                         None => y,
                         Some(sh) => {
                             let g = sigmoid(logits.narrow(1, m.n_expert, 1));
-                            y + sh.down.forward(sh.gate_up.forward(h_ffn, c.activation)) * g
+                            let none = LayerLora { lora: None, ..lora };
+                            let a = sh.gate_up.forward(h_ffn, c.activation, none, false);
+                            y + sh.down.forward(a) * g
                         }
                     }
                 }
@@ -821,27 +1014,7 @@ impl Decoder {
         }
         state.put_layers(layers, lens);
         drop(x);
-        let h = if all_logits || last_rows.len() == n {
-            h
-        } else if let [last] = last_rows[..] {
-            h.narrow(0, last, 1)
-        } else {
-            let at: Vec<i64> = last_rows.iter().map(|&r| r as i64).collect();
-            let at = Tensor::<1, burn::tensor::Int>::from_data(
-                burn::tensor::TensorData::new(at, [last_rows.len()]),
-                dev,
-            );
-            h.select(0, at)
-        };
-        let mut logits = self.head.forward(h);
-        if let Some(b) = &self.head_bias {
-            logits = logits + b.clone().unsqueeze();
-        }
-        if let Some(cap) = c.final_softcap {
-            // tanh's argument clamped where tanh is 1 to f32 precision, as in attention.
-            logits = (logits / cap as f64).clamp(-15.0, 15.0).tanh() * cap as f64;
-        }
-        Ok(logits)
+        Ok((h, last_rows))
     }
 }
 

@@ -24,7 +24,9 @@ pub mod chat;
 pub mod config;
 pub mod decoder;
 mod delta_net;
+pub mod finetune;
 pub mod generate;
+pub mod lora;
 pub mod sampling;
 pub mod state;
 pub mod tokenizer;
@@ -33,6 +35,7 @@ pub use chat::{ChatTemplate, Message};
 pub use config::{ARCHITECTURES, DecoderConfig, DeltaNet, Moe, SlidingWindow};
 pub use decoder::{Activation, Decoder, RopeStyle, rms_norm};
 pub use generate::{CausalLm, Generation, Session, Timings, generate, generate_ids};
+pub use lora::{DecoderLora, LoraTarget};
 pub use sampling::{Sampler, SamplerConfig};
 pub use state::{BatchState, LayerKind, LayerState, SequenceState};
 pub use tokenizer::GgufTokenizer;
@@ -55,6 +58,10 @@ pub enum Error {
     /// The model's metadata or inputs do not fit the architecture.
     #[error("{0}")]
     Model(String),
+    /// A LoRA adapter does not fit the model, or its file is malformed (names the key or
+    /// tensor).
+    #[error("{0}")]
+    Adapter(String),
     /// A device operation failed (reported at read-back).
     #[error("device error: {0}")]
     Device(String),

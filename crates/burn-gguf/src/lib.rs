@@ -27,9 +27,11 @@
 //! ```
 #![warn(missing_docs)]
 pub mod attention;
+pub mod autodiff;
 pub mod delta_net;
 pub mod device;
 pub mod loader;
+pub mod lora;
 pub mod moe;
 pub mod nn;
 pub mod ops;
@@ -45,6 +47,7 @@ pub use attention::{
 pub use delta_net::{DeltaNetShape, causal_conv_silu, gated_delta_net};
 pub use device::{Adapter, adapters, select_device};
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
+pub use lora::{LoraAdapter, LoraConfig, LoraLinear};
 pub use moe::{ExpertRows, GgmlExperts, moe_route};
 pub use nn::{
     Activation, DenseWeight, GgmlEmbedding, GgmlLinear, RopeStyle, Weight, add_rms_norm, gated,
@@ -88,10 +91,16 @@ pub enum Error {
     Device(String),
 }
 
-/// The CubeCL compute client behind a Burn device, if it is a CubeCL one.
+/// The CubeCL compute client behind a Burn device, if it is a CubeCL one (with or without
+/// autodiff: packed tensors live on the inner device either way).
 pub fn cube_client(device: &Device) -> Option<cubecl::client::Client> {
-    match device.as_dispatch() {
+    dispatch_cube_client(device.as_dispatch())
+}
+
+fn dispatch_cube_client(device: &DispatchDevice) -> Option<cubecl::client::Client> {
+    match device {
         DispatchDevice::Cube(d) => Some(d.clone().client()),
+        DispatchDevice::Autodiff(d) => dispatch_cube_client(d),
         #[allow(unreachable_patterns)]
         _ => None,
     }

@@ -4,7 +4,9 @@
 //! and recurrence), and MoE routing and the expert GEMV.
 //!
 //! Implemented for every CubeCL runtime (`CubeBackend`) and, lazily, for `Fusion<CubeBackend>`
-//! (Burn's default wgpu backend), so an op's output feeds fused Burn ops directly. The weights are
+//! (Burn's default wgpu backend), so an op's output feeds fused Burn ops directly. Under Burn's
+//! `Autodiff` ([`crate::autodiff`]) the packed products pass gradients to their activations and
+//! none to their blocks (DESIGN decision 10). The weights are
 //! an `Int` tensor of dtype `U32` holding a ggml tensor's raw blocks ([`ggml_kernels::words_for_bytes`]);
 //! `grid` is the type's codebook, also `U32` ([`ggml_kernels::grid_words`]).
 use burn::backend::backend_extension;
@@ -16,7 +18,7 @@ use ggml_kernels::{GemvConfig, GemvLaunch, MAX_GEMV_ROWS};
 use gguf::GgmlType;
 
 /// Ops over raw ggml blocks. Shapes are in Burn order; `w` holds `rows` rows of `cols` elements.
-#[backend_extension(Cube, Fusion)]
+#[backend_extension(Cube, Fusion, Autodiff)]
 pub trait GgmlOps: burn::backend::Backend {
     /// Fused dequantize + GEMV: `x` `[m, cols]` f32 (m in 1..=8) -> `[m, rows]` f32,
     /// `y = x W^T`.
@@ -66,6 +68,31 @@ pub trait GgmlOps: burn::backend::Backend {
         rows: usize,
         cols: usize,
     ) -> FloatTensor<Self>;
+
+    /// `x W[first..first + n]^T` for any number of activation rows: `x` `[m, cols]` f32, `w`
+    /// holding `rows` rows -> `[m, n]` f32. Dequantizes the `n` rows into a scratch `[n, cols]`
+    /// ([`GgmlOps::ggml_dequantize_rows`]) and multiplies with the backend's matmul: the prefill
+    /// path, where a fused GEMV would read the weight once per 8 rows. The caller bounds `n`
+    /// ([`crate::tensor::PREFILL_SCRATCH_BYTES`]), so a weight is never dequantized whole.
+    /// Under `Autodiff` the scratch is not kept for the backward pass: it is dequantized again.
+    #[fusion(default)]
+    #[allow(clippy::too_many_arguments)]
+    fn ggml_dequantize_matmul(
+        w: IntTensor<Self>,
+        grid: IntTensor<Self>,
+        x: FloatTensor<Self>,
+        ggml_type: GgmlType,
+        first: usize,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self> {
+        use burn::backend::TensorMetadata;
+        let ids: Vec<u32> = (first..first + n).map(|r| r as u32).collect();
+        let ids = Self::int_from_data(burn::tensor::TensorData::new(ids, [n]), &x.device());
+        let scratch = Self::ggml_dequantize_rows(w, grid, ids, ggml_type, 0, rows, cols);
+        Self::float_matmul(x, Self::float_transpose(scratch))
+    }
 
     /// RMSNorm over the last dimension with its weight, one kernel
     /// ([`ggml_kernels::launch_rms_norm`]): `x` `[..., cols]` f32, `w` `[cols]` f32 ->

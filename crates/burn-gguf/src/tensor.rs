@@ -304,15 +304,21 @@ impl GgmlTensor {
                 })
                 .collect()
         } else {
-            let chunk_rows = (PREFILL_SCRATCH_BYTES / (cols * size_of::<f32>())).max(1);
-            let device = x.device();
+            let chunk_rows = prefill_chunk_rows(cols);
             let mut outs = Vec::new();
             for p in &self.parts {
                 for start in (0..p.rows).step_by(chunk_rows) {
-                    let end = (start + chunk_rows).min(p.rows);
-                    let ids: Vec<u32> = (start as u32..end as u32).collect();
-                    let w = self.dequantize_part_rows(p, ids, 0, &device);
-                    outs.push(x.clone().matmul(w.transpose()));
+                    let n = chunk_rows.min(p.rows - start);
+                    outs.push(Tensor::from_dispatch(Dispatch::ggml_dequantize_matmul(
+                        p.words.clone().into_dispatch(),
+                        self.grid.clone().into_dispatch(),
+                        x.clone().into_dispatch(),
+                        self.ggml_type,
+                        start,
+                        n,
+                        p.rows,
+                        cols,
+                    )));
                 }
             }
             outs
@@ -431,6 +437,12 @@ impl GgmlTensor {
             self.shape[1],
         ))
     }
+}
+
+/// Weight rows of `cols` values one prefill chunk dequantizes: at most
+/// [`PREFILL_SCRATCH_BYTES`] of f32, at least one row.
+pub(crate) fn prefill_chunk_rows(cols: usize) -> usize {
+    (PREFILL_SCRATCH_BYTES / (cols.max(1) * size_of::<f32>())).max(1)
 }
 
 /// `x` `[m, cols]` in passes of at most [`MAX_GEMV_ROWS`] rows.

@@ -17,6 +17,10 @@ pub struct ChatOptions {
     pub dequantize: bool,
     /// The device, as [`crate::run::RunOptions::device`].
     pub device: Option<String>,
+    /// LoRA adapter files applied together ([`crate::finetune::attach_lora`]).
+    pub lora: Vec<std::path::PathBuf>,
+    /// The factor of the adapters' updates.
+    pub lora_scale: f32,
 }
 
 /// Runs a conversation: each line of `input` is a user message; each reply streams to
@@ -35,9 +39,10 @@ pub fn chat(
     let Loaded {
         file,
         tokenizer,
-        model,
+        mut model,
         ..
     } = load(model_path, opts.device.as_deref(), opts.dequantize, false)?;
+    crate::finetune::attach_lora(&mut model, &opts.lora, opts.lora_scale)?;
     let template = ChatTemplate::from_gguf(&file, &tokenizer).map_err(|e| e.to_string())?;
     if template.is_builtin() {
         eprintln!("the file has no tokenizer.chat_template: using a built-in one");

@@ -154,3 +154,35 @@ mod tests {
         .unwrap();
     }
 }
+
+/// A private runtime directory for the graphics drivers when `XDG_RUNTIME_DIR` is unset or not a
+/// directory: `$TMPDIR/burn-gguf-runtime-UID`, created with mode 0700 (Mesa's drivers print
+/// `error: XDG_RUNTIME_DIR is invalid or not set` without one). `None` when the variable names a
+/// directory already, or on a platform without the variable's convention.
+pub fn private_runtime_dir() -> Option<std::path::PathBuf> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        if std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_dir()) {
+            return None;
+        }
+        let uid = rustix::process::getuid().as_raw();
+        let dir = std::env::temp_dir().join(format!("burn-gguf-runtime-{uid}"));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(_) => return None,
+        }
+        // Only a directory of ours that nobody else can read.
+        let meta = std::fs::symlink_metadata(&dir).ok()?;
+        if !meta.is_dir() || meta.uid() != uid {
+            return None;
+        }
+        if meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).ok()?;
+        }
+        Some(dir)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}

@@ -34,6 +34,18 @@ struct Sampling {
     seed: u64,
 }
 
+/// LoRA adapters applied by `run` and `chat`.
+#[derive(clap::Args)]
+struct Lora {
+    /// A LoRA adapter in llama.cpp's GGUF format (as `finetune` writes); repeat to apply
+    /// several together.
+    #[arg(long = "lora", value_name = "FILE")]
+    files: Vec<std::path::PathBuf>,
+    /// The factor of the adapters' updates (llama.cpp `--lora-scaled`).
+    #[arg(long, default_value_t = 1.0)]
+    lora_scale: f32,
+}
+
 impl From<Sampling> for SamplerConfig {
     fn from(s: Sampling) -> Self {
         SamplerConfig {
@@ -64,6 +76,12 @@ enum Command {
         /// Print one JSON object (prompt_ids, generated_ids, text, timings) instead of streaming.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        lora: Lora,
+        /// Write the prompt's teacher-forced logits to this file (`[prompt tokens, vocab]`
+        /// little-endian f32), to compare with another implementation.
+        #[arg(long, value_name = "FILE")]
+        dump_logits: Option<std::path::PathBuf>,
         /// Dequantize all weights at load (no packed kernels).
         #[arg(long)]
         dequantize: bool,
@@ -87,11 +105,65 @@ enum Command {
         n_predict: usize,
         #[command(flatten)]
         sampling: Sampling,
+        #[command(flatten)]
+        lora: Lora,
         /// Dequantize all weights at load (no packed kernels).
         #[arg(long)]
         dequantize: bool,
         /// Device: an index or part of a name from `burn-gguf devices`, or `cpu` (Burn's CPU
         /// backend, every weight dequantized); the default wgpu adapter when absent.
+        #[arg(long)]
+        device: Option<String>,
+    },
+    /// Train a LoRA adapter over the model's packed weights (they stay quantized and frozen)
+    /// and write it in llama.cpp's adapter format (`llama-cli --lora`, `run --lora`).
+    Finetune {
+        /// A GGUF file, a Hugging Face `org/repo:file.gguf`, or a known model name.
+        #[arg(short, long)]
+        model: String,
+        /// Training data: plain text (a causal LM over the whole text), or `.jsonl` chat, one
+        /// `{"messages": [{"role": ..., "content": ...}, ...]}` a line (loss on the
+        /// assistant's tokens only).
+        #[arg(long)]
+        data: std::path::PathBuf,
+        /// The adapter file to write (and checkpoint).
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// LoRA rank.
+        #[arg(long, default_value_t = 8)]
+        rank: usize,
+        /// LoRA alpha: updates are scaled by alpha / rank.
+        #[arg(long, default_value_t = 16.0)]
+        alpha: f32,
+        /// Dropout on the adapters' inputs.
+        #[arg(long, default_value_t = 0.0)]
+        dropout: f64,
+        /// The projections adapted, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down"
+        )]
+        targets: Vec<String>,
+        /// Optimizer steps.
+        #[arg(long, default_value_t = 100)]
+        steps: usize,
+        /// Learning rate (AdamW).
+        #[arg(long, default_value_t = 1e-4)]
+        lr: f64,
+        /// Sequences per step (their gradients accumulated).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Tokens per training sequence.
+        #[arg(long, default_value_t = 256)]
+        seq_len: usize,
+        /// Seed of the adapters' initialisation order and the data order.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write the adapter every this many steps (0: only at the end).
+        #[arg(long, default_value_t = 50)]
+        checkpoint_every: usize,
+        /// Device, as for `run` (`cpu`: Burn's CPU backend).
         #[arg(long)]
         device: Option<String>,
     },
@@ -139,6 +211,12 @@ fn list_devices() {
 }
 
 fn main() -> ExitCode {
+    // Before any thread exists: Mesa's drivers print `error: XDG_RUNTIME_DIR is invalid or not
+    // set` to stderr when it is unset, so the CLI gives them a private one.
+    if let Some(dir) = burn_gguf_cli::host::private_runtime_dir() {
+        // SAFETY: single-threaded here (nothing has been spawned yet).
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", dir) };
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -154,10 +232,13 @@ fn main() -> ExitCode {
             n_predict,
             sampling,
             json,
+            lora,
+            dump_logits,
             dequantize,
             device,
         } => resolve_one(&model).and_then(|path| {
             let opts = RunOptions {
+                dump_logits,
                 prompt,
                 max_new: n_predict,
                 sampler: sampling.into(),
@@ -165,6 +246,8 @@ fn main() -> ExitCode {
                 json,
                 progress: !json,
                 device,
+                lora: lora.files,
+                lora_scale: lora.lora_scale,
             };
             run(&path, &opts)
         }),
@@ -173,6 +256,7 @@ fn main() -> ExitCode {
             system,
             n_predict,
             sampling,
+            lora,
             dequantize,
             device,
         } => resolve_one(&model).and_then(|path| {
@@ -182,6 +266,8 @@ fn main() -> ExitCode {
                 sampler: sampling.into(),
                 dequantize,
                 device,
+                lora: lora.files,
+                lora_scale: lora.lora_scale,
             };
             burn_gguf_cli::chat::chat(&path, &opts, std::io::stdin().lock(), std::io::stdout())
         }),
@@ -191,6 +277,45 @@ fn main() -> ExitCode {
             kernels,
         } => resolve_one(&file)
             .and_then(|path| burn_gguf_cli::inspect::run(&path, tensor.as_deref(), kernels)),
+        Command::Finetune {
+            model,
+            data,
+            out,
+            rank,
+            alpha,
+            dropout,
+            targets,
+            steps,
+            lr,
+            batch,
+            seq_len,
+            seed,
+            checkpoint_every,
+            device,
+        } => resolve_one(&model).and_then(|path| {
+            let opts = burn_gguf_cli::finetune::FinetuneOptions {
+                data,
+                out,
+                lora: burn_gguf::LoraConfig {
+                    rank,
+                    alpha,
+                    dropout,
+                    targets,
+                },
+                steps,
+                train: burn_gguf_models::finetune::TrainConfig {
+                    lr,
+                    batch,
+                    seed,
+                    ..Default::default()
+                },
+                seq_len,
+                checkpoint_every,
+                device,
+                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            };
+            burn_gguf_cli::finetune::finetune(&path, &opts)
+        }),
         Command::Devices => {
             list_devices();
             Ok(())

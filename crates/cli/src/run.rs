@@ -24,6 +24,13 @@ pub struct RunOptions {
     /// The device ([`burn_gguf::select_device`]'s choice: `None` for the default adapter, an
     /// index or name from `burn-gguf devices`, or `cpu`).
     pub device: Option<String>,
+    /// LoRA adapter files applied together ([`crate::finetune::attach_lora`]).
+    pub lora: Vec<std::path::PathBuf>,
+    /// The factor of the adapters' updates (llama.cpp `--lora-scaled`).
+    pub lora_scale: f32,
+    /// Where to write the prompt's teacher-forced logits, `[prompt tokens, vocab]` little-endian
+    /// f32 row-major (to compare with another implementation).
+    pub dump_logits: Option<std::path::PathBuf>,
 }
 
 /// A model loaded for generation.
@@ -119,7 +126,7 @@ pub fn load(
 pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
     let Loaded {
         tokenizer,
-        model,
+        mut model,
         load_s,
         ..
     } = load(
@@ -128,6 +135,7 @@ pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
         opts.dequantize,
         opts.progress,
     )?;
+    crate::finetune::attach_lora(&mut model, &opts.lora, opts.lora_scale)?;
 
     let mut sampler = Sampler::new(opts.sampler.clone());
     let json = opts.json;
@@ -146,6 +154,9 @@ pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
         },
     )
     .map_err(|e| e.to_string())?;
+    if let Some(path) = &opts.dump_logits {
+        dump_logits(&model, &out.prompt_ids, path)?;
+    }
     let t = &out.timings;
     if json {
         let v = serde_json::json!({
@@ -174,4 +185,20 @@ pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
         t.decode_tps()
     );
     Ok(())
+}
+
+/// Writes the teacher-forced logits of `ids` through `model` (a fresh state) to `path`:
+/// `[ids.len(), vocab]` little-endian f32, row-major.
+fn dump_logits(model: &Decoder, ids: &[u32], path: &Path) -> Result<(), String> {
+    let mut state = burn_gguf_models::SequenceState::new();
+    let logits = model
+        .forward(ids, &mut state, true)
+        .map_err(|e| e.to_string())?
+        .try_into_data()
+        .map_err(|e| format!("{e:?}"))?
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .map_err(|e| format!("{e:?}"))?;
+    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
