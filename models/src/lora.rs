@@ -274,6 +274,12 @@ impl DecoderLora {
         self.user_scale
     }
 
+    /// These adapters with their updates multiplied by `scale` instead.
+    pub fn with_user_scale(mut self, scale: f32) -> Self {
+        self.user_scale = scale;
+        self
+    }
+
     /// Trainable values: `sum(r * (in + out))` over the adapters.
     pub fn num_values(&self) -> usize {
         self.adapters

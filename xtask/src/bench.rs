@@ -49,6 +49,7 @@
 mod batch;
 pub(crate) mod decode;
 mod e2e;
+mod finetune;
 mod system;
 mod timing;
 
@@ -134,6 +135,13 @@ pub struct Options {
     /// first token, llama.cpp): no GEMV, prefill or end-to-end tables.
     #[arg(long)]
     pub decode_only: bool,
+    /// Only the fine-tuning measurement: LoRA training over the packed model against the same
+    /// model dequantized to f32 (tokens/s, peak device memory), `--finetune-steps` steps each.
+    #[arg(long)]
+    pub finetune: bool,
+    /// Training steps of each fine-tuning variant, the first a warm-up (default 4).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub finetune_steps: usize,
 }
 
 /// Makes the adapter `choice` names the default wgpu device of this process and of the processes
@@ -405,6 +413,22 @@ pub fn run(opts: &Options) -> Result<(), String> {
         budget.min_s, budget.min_iters
     );
 
+    if opts.finetune {
+        let v = finetune::run(e2e::model_path(opts), opts.finetune_steps.max(2))?;
+        if let Some(path) = &opts.json {
+            let doc = json!({
+                "tool": "cargo xtask bench --finetune",
+                "date": started,
+                "written": utc_now(),
+                "device": device_json,
+                "finetune": v,
+                "total_seconds": t_start.elapsed().as_secs_f64(),
+            });
+            let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+            std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        return Ok(());
+    }
     let end_to_end = if opts.no_e2e || opts.decode_only {
         println!("end to end: skipped\n");
         json!({"skipped": "--no-e2e"})

@@ -158,6 +158,20 @@ pub struct Generation {
     pub logprobs: Option<serde_json::Value>,
     /// Chat, with `logprobs`: the number of most likely alternatives per token (0 to 20).
     pub top_logprobs: Option<serde_json::Value>,
+    /// llama-server's per-request adapters: `[{"id": 0, "scale": 0.5}, ...]` among those
+    /// `serve --lora` loaded (`GET /lora-adapters` lists them); an adapter not listed is off,
+    /// `[]` turns every one off. Absent: every loaded adapter at its `--lora-scale`.
+    pub lora: Option<Vec<LoraChoice>>,
+}
+
+/// One adapter a request applies (llama-server's `lora` field).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraChoice {
+    /// Its index in `GET /lora-adapters`.
+    pub id: usize,
+    /// The factor of its updates.
+    pub scale: f32,
 }
 
 /// `POST /v1/chat/completions`.
@@ -214,6 +228,9 @@ pub struct Checked {
     pub max_tokens: Option<u64>,
     /// Log-probabilities: `None`, or `Some(k)` with `k` alternatives per token.
     pub logprobs: Option<usize>,
+    /// The adapters asked for, `(id, scale)` (ids not yet checked against the model's);
+    /// `None` for the server's default.
+    pub lora: Option<Vec<(usize, f32)>>,
 }
 
 /// Which endpoint's reading of `logprobs`.
@@ -322,7 +339,45 @@ pub fn check_generation(g: &Generation, style: LogprobsStyle) -> Result<Checked,
         stop,
         max_tokens,
         logprobs: check_logprobs(g, style)?,
+        lora: check_lora(g)?,
     })
+}
+
+/// Most adapters one request may name.
+const MAX_LORA_CHOICES: usize = 64;
+
+/// The `lora` field of `g` as `(id, scale)` pairs.
+///
+/// # Errors
+/// A 400 naming `lora` for more than [`MAX_LORA_CHOICES`] entries, an id named twice, or a
+/// scale that is not finite.
+fn check_lora(g: &Generation) -> Result<Option<Vec<(usize, f32)>>, ApiError> {
+    let Some(list) = &g.lora else {
+        return Ok(None);
+    };
+    if list.len() > MAX_LORA_CHOICES {
+        return Err(ApiError::bad_request(
+            format!("lora: at most {MAX_LORA_CHOICES} adapters"),
+            Some("lora"),
+        ));
+    }
+    let mut out: Vec<(usize, f32)> = Vec::with_capacity(list.len());
+    for (i, c) in list.iter().enumerate() {
+        if !c.scale.is_finite() {
+            return Err(ApiError::bad_request(
+                format!("lora[{i}].scale must be a finite number"),
+                Some("lora"),
+            ));
+        }
+        if out.iter().any(|(id, _)| *id == c.id) {
+            return Err(ApiError::bad_request(
+                format!("lora[{i}]: adapter {} is named twice", c.id),
+                Some("lora"),
+            ));
+        }
+        out.push((c.id, c.scale));
+    }
+    Ok(Some(out))
 }
 
 /// `max_tokens` for a prompt of `prompt_len` tokens in a context of `n_ctx`: as asked if it

@@ -12,7 +12,7 @@
 //! Requests reach the worker as [`Job`]s over a channel; text goes back as [`Event`]s over a
 //! channel per job.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,7 +22,9 @@ use std::time::Instant;
 
 use burn::tensor::Tensor;
 use burn_gguf_models::generate::{SampleFrom, sample_from};
-use burn_gguf_models::{BatchState, ChatTemplate, Decoder, GgufTokenizer, Sampler, SamplerConfig};
+use burn_gguf_models::{
+    BatchState, ChatTemplate, Decoder, DecoderLora, GgufTokenizer, Sampler, SamplerConfig,
+};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -111,6 +113,9 @@ pub struct Job {
     /// Log-probabilities: `None`, or `Some(k)` for the chosen token's and the `k` (at most
     /// [`MAX_TOP_LOGPROBS`]) most likely tokens'.
     pub logprobs: Option<usize>,
+    /// The adapters to apply, `(id, scale)` with ids below [`ModelHandle::adapters`]'s
+    /// length; `None` for every adapter at its `--lora-scale`.
+    pub lora: Option<Vec<(usize, f32)>>,
     /// Where events go; closed when the client is gone.
     pub events: UnboundedSender<Event>,
     /// The concurrency slot this job holds until it is dropped.
@@ -131,6 +136,8 @@ pub struct ModelHandle {
     pub jobs: mpsc::Sender<Job>,
     /// Sequences running on the worker now.
     pub running: Arc<AtomicUsize>,
+    /// The LoRA adapter files loaded (`serve --lora`), by id, with their default scale.
+    pub adapters: Vec<(PathBuf, f32)>,
     /// The worker thread.
     pub thread: std::thread::JoinHandle<()>,
 }
@@ -142,14 +149,19 @@ pub struct ModelHandle {
 ///
 /// # Errors
 /// A load error as a message (the thread has ended then).
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     path: PathBuf,
     device: Option<String>,
     dequantize: bool,
     ctx_cap: usize,
     slots: usize,
+    lora: (Vec<PathBuf>, f32),
     metrics: Arc<Metrics>,
 ) -> Result<ModelHandle, String> {
+    let (lora_paths, lora_scale) = lora;
+    let adapters: Vec<(PathBuf, f32)> =
+        lora_paths.iter().map(|p| (p.clone(), lora_scale)).collect();
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
     let (ready_tx, ready_rx) = mpsc::channel();
     let running = Arc::new(AtomicUsize::new(0));
@@ -174,6 +186,18 @@ pub fn start(
                     return;
                 }
             };
+            // Each file apart, so a request can choose among them.
+            let mut loras = Vec::with_capacity(lora_paths.len());
+            for p in &lora_paths {
+                match crate::finetune::read_loras(&loaded.model, std::slice::from_ref(p), 1.0) {
+                    Ok(Some(l)) => loras.push(l),
+                    Ok(None) => {}
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                }
+            }
             let tokenizer = Arc::new(loaded.tokenizer);
             let fits = loaded.model.max_positions(slots.max(1));
             if fits < loaded.model.config().context_length.min(ctx_cap) {
@@ -196,6 +220,9 @@ pub fn start(
                 active: Vec::new(),
                 metrics: &metrics,
                 from: SampleFrom::for_device(loaded.model.device()),
+                loras,
+                lora_scale,
+                merged: HashMap::new(),
             };
             worker.run(jobs_rx, &running_w);
         })
@@ -207,6 +234,7 @@ pub fn start(
             n_ctx,
             jobs: jobs_tx,
             running,
+            adapters,
             thread,
         }),
         Ok(Err(e)) => Err(e),
@@ -217,6 +245,8 @@ pub fn start(
 /// A running sequence.
 struct Sequence {
     job: Job,
+    /// The adapters its passes apply.
+    lora: Option<Arc<DecoderLora>>,
     /// Its slot in the worker's [`BatchState`].
     slot: usize,
     sampler: Sampler,
@@ -253,6 +283,12 @@ struct Worker<'a> {
     active: Vec<Sequence>,
     metrics: &'a Metrics,
     from: SampleFrom,
+    /// The adapter files, by id, each at scale 1.
+    loras: Vec<DecoderLora>,
+    /// Their default scale.
+    lora_scale: f32,
+    /// The adapters of each choice made so far (`(id, scale bits)` pairs), built once.
+    merged: HashMap<Vec<(usize, u32)>, Option<Arc<DecoderLora>>>,
 }
 
 impl Worker<'_> {
@@ -290,7 +326,9 @@ impl Worker<'_> {
             };
             self.metrics.request();
             self.state.truncate(slot, 0);
+            let lora = self.lora_for(job.lora.as_deref());
             self.active.push(Sequence {
+                lora,
                 sampler: Sampler::new(job.sampler.clone()),
                 job,
                 slot,
@@ -303,6 +341,30 @@ impl Worker<'_> {
                 done: false,
             });
         }
+    }
+
+    /// The adapters of a request's choice (`None`: every file at the default scale), built on
+    /// first use; `None` when no adapter applies. Ids were checked against the files.
+    fn lora_for(&mut self, choice: Option<&[(usize, f32)]>) -> Option<Arc<DecoderLora>> {
+        let pairs: Vec<(usize, f32)> = match choice {
+            Some(c) => c.iter().copied().filter(|&(_, s)| s != 0.0).collect(),
+            None if self.lora_scale == 0.0 => Vec::new(),
+            None => (0..self.loras.len())
+                .map(|i| (i, self.lora_scale))
+                .collect(),
+        };
+        let key: Vec<(usize, u32)> = pairs.iter().map(|&(i, s)| (i, s.to_bits())).collect();
+        let loras = &self.loras;
+        self.merged
+            .entry(key)
+            .or_insert_with(|| {
+                pairs
+                    .iter()
+                    .filter_map(|&(i, s)| Some(loras.get(i)?.clone().with_user_scale(s)))
+                    .reduce(DecoderLora::merge)
+                    .map(Arc::new)
+            })
+            .clone()
     }
 
     /// Drops ended sequences (and their permits) and frees their slots.
@@ -337,7 +399,23 @@ impl Worker<'_> {
                 !s.done && s.prefilled() && !s.generated.is_empty()
             })
             .collect();
-        for group in ready.chunks(DECODE_ROWS) {
+        // One pass per choice of adapters: a pass applies one set.
+        let mut by_lora: Vec<Vec<usize>> = Vec::new();
+        for i in ready {
+            let same = |g: &Vec<usize>| {
+                let (a, b) = (&self.active[g[0]].lora, &self.active[i].lora);
+                match (a, b) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    _ => false,
+                }
+            };
+            match by_lora.iter_mut().find(|g| same(g)) {
+                Some(g) => g.push(i),
+                None => by_lora.push(vec![i]),
+            }
+        }
+        for group in by_lora.iter().flat_map(|g| g.chunks(DECODE_ROWS)) {
             if let Err(e) = self.decode(group) {
                 self.fail_all(&e);
                 return;
@@ -353,7 +431,12 @@ impl Worker<'_> {
         let t = Instant::now();
         let logits = self
             .model
-            .forward_batch(&mut self.state, &[(s.slot, chunk)], false)
+            .forward_batch_with(
+                &mut self.state,
+                &[(s.slot, chunk)],
+                false,
+                s.lora.as_deref(),
+            )
             .map_err(|e| e.to_string())?;
         let tokens = chunk.len();
         let s = &mut self.active[i];
@@ -385,9 +468,10 @@ impl Worker<'_> {
             .zip(&last)
             .map(|(&i, id)| (self.active[i].slot, &id[..]))
             .collect();
+        let lora = self.active[group[0]].lora.clone();
         let logits = self
             .model
-            .forward_batch(&mut self.state, &seqs, false)
+            .forward_batch_with(&mut self.state, &seqs, false, lora.as_deref())
             .map_err(|e| e.to_string())?;
         let tokens = self.choose_rows(group, logits)?;
         self.metrics.decode(group.len(), t.elapsed());

@@ -77,6 +77,14 @@ pub struct ServeOptions {
     /// backend, every weight dequantized); the default wgpu adapter when absent.
     #[arg(long)]
     pub device: Option<String>,
+    /// A LoRA adapter in llama.cpp's GGUF format, loaded for every model (repeat for several;
+    /// `GET /lora-adapters` lists them by id). Requests apply them all unless their `lora` field
+    /// chooses (llama-server's `[{"id": 0, "scale": 0.5}]`).
+    #[arg(long = "lora", value_name = "FILE")]
+    pub lora: Vec<std::path::PathBuf>,
+    /// The default factor of the adapters' updates.
+    #[arg(long, default_value_t = 1.0)]
+    pub lora_scale: f32,
 }
 
 /// A served model.
@@ -160,6 +168,7 @@ impl Server {
                 opts.dequantize,
                 opts.ctx_size,
                 opts.max_concurrent,
+                (opts.lora.clone(), opts.lora_scale),
                 metrics.clone(),
             )?;
             served.push(Served { id: s.id, handle });
@@ -263,6 +272,7 @@ fn router(state: Shared) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .route("/v1/models", get(list_models))
+        .route("/lora-adapters", get(list_adapters))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .fallback(|| async {
@@ -321,6 +331,21 @@ async fn list_models(State(s): State<Shared>) -> Response {
         })
         .collect();
     axum::Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+/// `GET /lora-adapters` (llama-server's): the adapters `--lora` loaded, by id, with their path
+/// and default scale (the first model's; every model loads the same files).
+async fn list_adapters(State(s): State<Shared>) -> Response {
+    let data: Vec<Value> = s
+        .models
+        .first()
+        .map(|m| m.handle.adapters.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(id, (path, scale))| json!({"id": id, "path": path.display().to_string(), "scale": scale}))
+        .collect();
+    axum::Json(Value::Array(data)).into_response()
 }
 
 /// Reads and parses a JSON body; every failure (too large, not UTF-8, not JSON, wrong shape) is
@@ -401,6 +426,7 @@ async fn submit(s: &AppState, p: Prepared<'_>) -> Result<UnboundedReceiver<Event
         sampler: p.checked.sampler,
         stop: p.checked.stop,
         logprobs: p.checked.logprobs,
+        lora: p.checked.lora,
         events: tx,
         permit,
     };
@@ -516,6 +542,17 @@ async fn finish(
     }
     let max_tokens =
         api::max_tokens_for(checked.max_tokens, prompt_ids.len(), served.handle.n_ctx)?;
+    let loaded = served.handle.adapters.len();
+    if let Some((i, (id, _))) =
+        (checked.lora.iter().flatten().enumerate()).find(|(_, (id, _))| *id >= loaded)
+    {
+        return Err(ApiError::bad_request(
+            format!(
+                "lora[{i}].id: no adapter {id}; the server loaded {loaded} (GET /lora-adapters)"
+            ),
+            Some("lora"),
+        ));
+    }
     let p = Prepared {
         served,
         prompt_ids,
