@@ -28,16 +28,11 @@ use crate::Error;
 use crate::chat::{ChatTemplate, Message};
 use crate::decoder::Decoder;
 use crate::lora::DecoderLora;
-use crate::state::SequenceState;
+use crate::state::BatchState;
 use crate::tokenizer::GgufTokenizer;
 use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer};
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use std::time::Instant;
-
-/// Most bytes of logits one loss chunk computes at a time (`[rows, vocab]` f32): Gemma 3's
-/// 262,144-token vocabulary takes 32 rows a chunk.
-pub const LOSS_CHUNK_BYTES: usize = 32 << 20;
 
 /// One training sequence: token ids and which of them the loss predicts.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,8 +55,11 @@ impl Example {
 pub struct TrainConfig {
     /// Learning rate.
     pub lr: f64,
-    /// Sequences per optimizer step, their gradients accumulated one sequence at a time.
+    /// Sequences per forward pass (one pass over all of them, each in its own slot).
     pub batch: usize,
+    /// Passes per optimizer step, their gradients accumulated: an effective batch of
+    /// `batch * grad_accum` sequences.
+    pub grad_accum: usize,
     /// AdamW's decoupled weight decay.
     pub weight_decay: f32,
     /// Seed of the order the examples are taken in.
@@ -69,11 +67,12 @@ pub struct TrainConfig {
 }
 
 impl Default for TrainConfig {
-    /// Learning rate 1e-4, batch 1, no weight decay, seed 0.
+    /// Learning rate 1e-4, batch 1, no accumulation, no weight decay, seed 0.
     fn default() -> Self {
         Self {
             lr: 1e-4,
             batch: 1,
+            grad_accum: 1,
             weight_decay: 0.0,
             seed: 0,
         }
@@ -196,52 +195,82 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// The mean cross-entropy of `ex`'s targets under `model` with `lora`: a scalar `[1]`, tracked
-/// where the model's device has autodiff. The logits are computed [`LOSS_CHUNK_BYTES`] at a
-/// time from the final hidden states.
+/// where the model's device has autodiff ([`batch_loss`] of one example).
 ///
 /// # Errors
-/// An example of fewer than 2 tokens or without a target, or a forward-pass error (a sequence
-/// past the context).
+/// As [`batch_loss`].
 pub fn sequence_loss(
     model: &Decoder,
     lora: Option<&DecoderLora>,
     ex: &Example,
 ) -> Result<Tensor<1>, Error> {
-    let n = ex.ids.len().saturating_sub(1);
-    let count = ex.targets();
-    if n == 0 || count == 0 {
+    batch_loss(model, lora, &[ex])
+}
+
+/// The mean cross-entropy over every target token of `batch`, the sequences run in one pass
+/// (each in its own slot): a scalar `[1]`, tracked where the model's device has autodiff. The vocabulary is taken a piece of the head at a time
+/// ([`Decoder::head_chunks`]): each piece's logits give a log-sum-exp per row, and the pieces'
+/// combine into the softmax's normaliser, so neither `[tokens, vocab]` logits nor a dense head
+/// exist at once, and the backward pass dequantizes each piece of the head once.
+///
+/// # Errors
+/// No example, an example of fewer than 2 tokens or without a target, or a forward-pass error
+/// (a sequence past the context).
+pub fn batch_loss(
+    model: &Decoder,
+    lora: Option<&DecoderLora>,
+    batch: &[&Example],
+) -> Result<Tensor<1>, Error> {
+    if batch.is_empty() || batch.iter().any(|ex| ex.ids.len() < 2 || ex.targets() == 0) {
         return Err(Error::Model("a training sequence without a target".into()));
     }
+    let count: usize = batch.iter().map(|ex| ex.targets()).sum();
     let device = model.device().clone();
-    let mut state = SequenceState::new();
-    let h = model.forward_hidden(&ex.ids[..n], &mut state, lora)?;
-    let vocab = model.config().vocab_size;
-    let rows = (LOSS_CHUNK_BYTES / (vocab.max(1) * size_of::<f32>())).clamp(1, n);
-    let mut total: Option<Tensor<1>> = None;
-    for start in (0..n).step_by(rows) {
-        let len = rows.min(n - start);
-        let weights: Vec<f32> = ex.target[start + 1..start + 1 + len]
-            .iter()
-            .map(|&t| f32::from(u8::from(t)))
-            .collect();
-        if weights.iter().all(|&w| w == 0.0) {
-            continue;
+    let seqs: Vec<(usize, &[u32])> = (batch.iter().enumerate())
+        .map(|(slot, ex)| (slot, &ex.ids[..ex.ids.len() - 1]))
+        .collect();
+    let mut state = BatchState::new(batch.len());
+    let h = model.forward_hidden_batch(&mut state, &seqs, lora)?;
+    // Only the rows whose next token is a target, and those tokens.
+    let (mut rows, mut next) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    for ex in batch {
+        for i in 0..ex.ids.len() - 1 {
+            if ex.target[i + 1] {
+                rows.push(at + i);
+                next.push(ex.ids[i + 1]);
+            }
         }
-        let next: Vec<i64> = ex.ids[start + 1..start + 1 + len]
-            .iter()
-            .map(|&id| i64::from(id))
-            .collect();
-        let next = Tensor::<2, Int>::from_data(TensorData::new(next, [len, 1]), &device);
-        let weights = Tensor::<2>::from_data(TensorData::new(weights, [len, 1]), &device);
-        let logits = model.logits(h.clone().narrow(0, start, len));
-        let picked = log_softmax(logits, 1).gather(1, next) * weights;
-        let sum = picked.sum().neg();
-        total = Some(match total {
-            None => sum,
-            Some(t) => t + sum,
-        });
+        at += ex.ids.len() - 1;
     }
-    Ok(total.expect("at least one chunk has a target") / count as f64)
+    let n = at;
+    let h = if rows.len() == n {
+        h
+    } else {
+        let at: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        h.select(
+            0,
+            Tensor::<1, Int>::from_data(TensorData::new(at, [rows.len()]), &device),
+        )
+    };
+    let lse: Vec<Tensor<2>> = model
+        .head_chunks()
+        .into_iter()
+        .map(|(first, len)| log_sum_exp(model.logits_rows(h.clone(), first, len)))
+        .collect();
+    let lse = match lse.len() {
+        1 => lse.into_iter().next().expect("one piece"),
+        _ => log_sum_exp(Tensor::cat(lse, 1)),
+    };
+    let target = model.target_logits(h, &next)?;
+    Ok((lse - target).sum().reshape([1]) / count as f64)
+}
+
+/// `log(sum(exp(x)))` over each row of `x` `[m, n]`: `[m, 1]`, shifted by the row's maximum
+/// (a constant for the gradient) so nothing overflows.
+fn log_sum_exp(x: Tensor<2>) -> Tensor<2> {
+    let max = x.clone().max_dim(1).detach();
+    (x - max.clone()).exp().sum_dim(1).log() + max
 }
 
 /// What one optimizer step did.
@@ -305,8 +334,9 @@ impl<'a> FineTune<'a> {
         self.steps
     }
 
-    /// One optimizer step over the next `batch` examples of `data` (taken in a seeded order,
-    /// reshuffled after each pass over the data), their gradients accumulated.
+    /// One optimizer step over the next `batch * grad_accum` examples of `data` (taken in a
+    /// seeded order, reshuffled after each pass over the data): `grad_accum` passes of
+    /// `batch` sequences, their gradients accumulated.
     ///
     /// # Errors
     /// No example, a forward-pass error, or [`Error::Model`] when the loss is not finite (the
@@ -316,17 +346,19 @@ impl<'a> FineTune<'a> {
             return Err(Error::Model("no training example".into()));
         }
         let t0 = Instant::now();
-        let batch = self.config.batch.max(1);
-        let picked: Vec<usize> = (0..batch).map(|_| self.next_index(data.len())).collect();
+        let (batch, passes) = (self.config.batch.max(1), self.config.grad_accum.max(1));
+        let picked: Vec<usize> = (0..batch * passes)
+            .map(|_| self.next_index(data.len()))
+            .collect();
         let lora = self
             .lora
             .as_ref()
             .expect("the adapters are put back after every step");
         let mut acc = GradientsAccumulator::<DecoderLora>::new();
         let (mut loss_sum, mut tokens) = (0.0f64, 0usize);
-        for i in picked {
-            let ex = &data[i];
-            let loss = sequence_loss(self.model, Some(lora), ex)?;
+        for pass in picked.chunks(batch) {
+            let examples: Vec<&Example> = pass.iter().map(|&i| &data[i]).collect();
+            let loss = batch_loss(self.model, Some(lora), &examples)?;
             let value = loss
                 .clone()
                 .try_into_data()
@@ -342,8 +374,8 @@ impl<'a> FineTune<'a> {
                 )));
             }
             loss_sum += f64::from(value);
-            tokens += ex.ids.len() - 1;
-            let grads = (loss / batch as f64).backward();
+            tokens += examples.iter().map(|ex| ex.ids.len() - 1).sum::<usize>();
+            let grads = (loss / passes as f64).backward();
             acc.accumulate(lora, GradientsParams::from_grads(grads, lora));
         }
         let lora = self
@@ -353,7 +385,7 @@ impl<'a> FineTune<'a> {
         self.lora = Some(self.optim.step(self.config.lr, lora, acc.grads()));
         self.steps += 1;
         Ok(StepStats {
-            loss: (loss_sum / batch as f64) as f32,
+            loss: (loss_sum / passes as f64) as f32,
             tokens,
             seconds: t0.elapsed().as_secs_f64(),
         })

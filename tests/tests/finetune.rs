@@ -445,3 +445,61 @@ fn finetune_lowers_the_loss() {
     }
     assert!(last < 0.5 * first, "loss {first} -> {last}");
 }
+
+/// A loss that is not finite stops training with an error naming it, and the adapters keep
+/// their values from before that step; a JSONL line that does not parse is reported with its
+/// number.
+#[test]
+fn bad_training_input_is_reported() {
+    let device = autodiff_device();
+    let (file, model) = load("arch/tiny-llama-Q8_0.gguf", false, &device);
+    let tokenizer = GgufTokenizer::from_gguf(&file).unwrap();
+    let data = text_examples(&tokenizer, "the cat sat on the mat", 64).unwrap();
+    device.seed(2);
+    let lora = DecoderLora::new(&model, &LoraConfig::default(), &device).unwrap();
+    // A learning rate that blows the adapters up: the loss overflows within a few steps.
+    let config = TrainConfig {
+        lr: 1e30,
+        ..TrainConfig::default()
+    };
+    let mut run = FineTune::new(&model, lora, config);
+    let mut last_good = lora_values(run.lora());
+    let err = loop {
+        let before = lora_values(run.lora());
+        match run.step(&data) {
+            Ok(_) => last_good = lora_values(run.lora()),
+            Err(e) => {
+                assert_eq!(
+                    lora_values(run.lora()),
+                    before,
+                    "the failed step changed the adapters"
+                );
+                break e.to_string();
+            }
+        }
+        assert!(run.steps() < 20, "the loss stayed finite with lr 1e30");
+    };
+    assert!(err.contains("loss is"), "{err}");
+    assert_eq!(lora_values(run.lora()), last_good);
+
+    let template = burn_gguf_models::ChatTemplate::from_gguf(&file, &tokenizer).unwrap();
+    let ok = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}"#;
+    let jsonl = format!("{ok}\n\n{ok}\n{{\"messages\": [\n");
+    let err = burn_gguf_models::finetune::chat_examples(&tokenizer, &template, &jsonl, 64)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("line 4:"), "{err}");
+    let examples =
+        burn_gguf_models::finetune::chat_examples(&tokenizer, &template, ok, 64).unwrap();
+    // Only the assistant's turn is learnt: "hello" and what closes the turn, not the prompt.
+    let ex = &examples[0];
+    let learnt: Vec<u32> = (1..ex.ids.len())
+        .filter(|&i| ex.target[i])
+        .map(|i| ex.ids[i])
+        .collect();
+    let text = tokenizer.decode(&learnt).unwrap();
+    assert!(
+        text.contains("hello") && !text.contains("hi"),
+        "learnt {text:?}"
+    );
+}

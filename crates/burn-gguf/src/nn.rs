@@ -466,6 +466,49 @@ impl Weight {
         }
     }
 
+    /// Row ranges `(first, n)` covering the weight, each within one device buffer and at most
+    /// [`crate::tensor::PREFILL_SCRATCH_BYTES`] of f32 ([`GgmlTensor::row_chunks`]).
+    pub fn row_chunks(&self) -> Vec<(usize, usize)> {
+        match self {
+            Weight::Packed(t) => t.row_chunks(),
+            Weight::Dense(w) => {
+                let chunk = crate::tensor::prefill_chunk_rows(w.shape[1]);
+                w.parts
+                    .iter()
+                    .flat_map(|(start, t)| {
+                        let rows = t.dims()[0];
+                        (0..rows)
+                            .step_by(chunk)
+                            .map(move |s| (start + s, chunk.min(rows - s)))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// `x W[first..first + n]^T` for `x` `[m, in]` -> `[m, n]` f32, the rows one of
+    /// [`Self::row_chunks`] (a piece of a large output head).
+    ///
+    /// # Panics
+    /// If the rows span two of [`Self::row_chunks`]'s buffers or `x` has the wrong width.
+    pub fn matmul_t_rows(&self, x: Tensor<2>, first: usize, n: usize) -> Tensor<2> {
+        match self {
+            Weight::Packed(t) => t.matmul_t_rows(x, first, n),
+            Weight::Dense(w) => {
+                let (start, part) = w
+                    .parts
+                    .iter()
+                    .find(|(s, t)| (*s..s + t.dims()[0]).contains(&first))
+                    .filter(|(s, t)| first + n <= s + t.dims()[0])
+                    .unwrap_or_else(|| panic!("rows {first}..{} span buffers", first + n));
+                let rows = part.clone().narrow(0, first - start, n);
+                x.cast(rows.dtype())
+                    .matmul(rows.transpose())
+                    .cast(FloatDType::F32)
+            }
+        }
+    }
+
     /// Whether the weight stays packed on the device.
     pub fn is_packed(&self) -> bool {
         matches!(self, Weight::Packed(_))

@@ -268,7 +268,9 @@ impl GgmlTensor {
     /// `x W^T`: `x` `[m, cols]` f32 -> `[m, rows]` f32. Up to [`GEMV_BATCH_ROWS`] rows use the
     /// fused GEMV, in passes of [`MAX_GEMV_ROWS`] rows (each reads the weight once); more rows
     /// (prefill) dequantize at most [`PREFILL_SCRATCH_BYTES`] of weight rows at a time into a
-    /// scratch tensor and use Burn's matmul.
+    /// scratch tensor and use Burn's matmul. On an autodiff device the GEMV takes at most
+    /// [`MAX_GEMV_ROWS`] rows (one pass). Either way the blocks get no gradient and `x` gets
+    /// `dy W` ([`crate::autodiff`]).
     ///
     /// # Panics
     /// If `x`'s last dimension is not `cols` (a programming error in the caller's shapes).
@@ -280,10 +282,17 @@ impl GgmlTensor {
             "GgmlTensor::matmul_t: x has {k} columns, the weight {cols}"
         );
         let device = x.device();
+        // Under autodiff (training) more than one GEMV pass of rows takes the dequantize +
+        // matmul path: its backward dequantizes the rows anyway, and on lavapipe it measured
+        // faster than GEMV passes for Gemma's ~50-token sequences (docs/finetune.md).
+        let batch_rows = match device.is_autodiff() {
+            true => MAX_GEMV_ROWS,
+            false => GEMV_BATCH_ROWS,
+        };
         let in_one_op = m <= MAX_GEMV_ROWS
-            || (m <= GEMV_BATCH_ROWS
+            || (m <= batch_rows
                 && (self.parts.iter()).all(|p| self.passes_fit(&device, m, cols, p.rows)));
-        if !in_one_op && m <= GEMV_BATCH_ROWS {
+        if !in_one_op && m <= batch_rows {
             return Tensor::cat(
                 passes(x, m).into_iter().map(|x| self.matmul_t(x)).collect(),
                 0,
@@ -366,6 +375,54 @@ impl GgmlTensor {
             cols,
             gelu,
         )))
+    }
+
+    /// Row ranges `(first, n)` that cover the tensor in order, each within one device buffer
+    /// and at most [`PREFILL_SCRATCH_BYTES`] of f32 once dequantized: the pieces of
+    /// [`Self::matmul_t_rows`] (a large vocabulary's output head, a piece at a time).
+    pub fn row_chunks(&self) -> Vec<(usize, usize)> {
+        let chunk = prefill_chunk_rows(self.shape[1]);
+        self.parts
+            .iter()
+            .flat_map(|p| {
+                (0..p.rows)
+                    .step_by(chunk)
+                    .map(move |s| (p.row_start + s, chunk.min(p.rows - s)))
+            })
+            .collect()
+    }
+
+    /// `x W[first..first + n]^T`: `x` `[m, cols]` f32 -> `[m, n]` f32, the rows dequantized
+    /// into a scratch and multiplied ([`GgmlOps::ggml_dequantize_matmul`]; under `Autodiff`
+    /// `dx` comes from the blocks again, nothing is kept).
+    ///
+    /// # Panics
+    /// If the rows are not within one of [`Self::row_chunks`]'s buffers or `x`'s last dimension
+    /// is not `cols` (programming errors in the caller).
+    pub fn matmul_t_rows(&self, x: Tensor<2>, first: usize, n: usize) -> Tensor<2> {
+        let cols = self.shape[1];
+        assert_eq!(
+            x.dims()[1],
+            cols,
+            "GgmlTensor::matmul_t_rows: x {:?}",
+            x.dims()
+        );
+        let p = self
+            .parts
+            .iter()
+            .find(|p| (p.row_start..p.row_start + p.rows).contains(&first))
+            .filter(|p| first + n <= p.row_start + p.rows && n > 0)
+            .unwrap_or_else(|| panic!("rows {first}..{} span buffers", first + n));
+        Tensor::from_dispatch(Dispatch::ggml_dequantize_matmul(
+            p.words.clone().into_dispatch(),
+            self.grid.clone().into_dispatch(),
+            x.into_dispatch(),
+            self.ggml_type,
+            first - p.row_start,
+            n,
+            p.rows,
+            cols,
+        ))
     }
 
     /// Whether one GEMV op takes `m` rows of `cols` into `out` outputs in passes over views of

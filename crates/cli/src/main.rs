@@ -151,9 +151,13 @@ enum Command {
         /// Learning rate (AdamW).
         #[arg(long, default_value_t = 1e-4)]
         lr: f64,
-        /// Sequences per step (their gradients accumulated).
+        /// Sequences per forward pass (one pass over all of them).
         #[arg(long, default_value_t = 1)]
         batch: usize,
+        /// Passes per optimizer step, their gradients accumulated (an effective batch of
+        /// batch x grad-accum sequences).
+        #[arg(long, default_value_t = 1)]
+        grad_accum: usize,
         /// Tokens per training sequence.
         #[arg(long, default_value_t = 256)]
         seq_len: usize,
@@ -288,6 +292,7 @@ fn main() -> ExitCode {
             steps,
             lr,
             batch,
+            grad_accum,
             seq_len,
             seed,
             checkpoint_every,
@@ -306,6 +311,7 @@ fn main() -> ExitCode {
                 train: burn_gguf_models::finetune::TrainConfig {
                     lr,
                     batch,
+                    grad_accum,
                     seed,
                     ..Default::default()
                 },

@@ -43,11 +43,14 @@ use burn::tensor::activation::sigmoid;
 use burn::tensor::{Device, Tensor};
 use burn_gguf::{
     AttentionShape, CacheRows, GgmlEmbedding, GgmlExperts, GgmlLinear, GgufLoader, QkNorm,
-    QkRopeShape, RopeTable, add_rms_norm, attention, gated, moe_route, qk_rope_cache,
+    QkRopeShape, RopeTable, add_rms_norm, attention, moe_route, qk_rope_cache,
 };
+use projections::{GateUp, LayerLora, Qkv};
 use std::sync::Mutex;
 
 pub use burn_gguf::{Activation, RopeStyle, rms_norm};
+
+mod projections;
 
 struct Layer {
     attn_norm: Tensor<1>,
@@ -60,40 +63,6 @@ struct Layer {
     fused_qkv: bool,
     /// Gate and up come from one `ffn_up` weight (Phi-3).
     fused_gate_up: bool,
-}
-
-/// The adapters a pass applies, seen from one layer.
-#[derive(Clone, Copy)]
-struct LayerLora<'a> {
-    lora: Option<&'a DecoderLora>,
-    layer: usize,
-}
-
-impl LayerLora<'_> {
-    /// `y` plus the update of the layer's weight `name` for `x`, where an adapter has one.
-    fn add(&self, y: Tensor<2>, name: &str, x: &Tensor<2>) -> Tensor<2> {
-        match self.lora.and_then(|l| l.delta(self.layer, name, x)) {
-            Some(d) => y + d,
-            None => y,
-        }
-    }
-
-    /// `y` plus the updates of a stacked projection whose output columns are `parts`.
-    fn add_stacked(&self, y: Tensor<2>, parts: &[(&str, usize)], x: &Tensor<2>) -> Tensor<2> {
-        match self
-            .lora
-            .and_then(|l| l.delta_stacked(self.layer, parts, x))
-        {
-            Some(d) => y + d,
-            None => y,
-        }
-    }
-
-    /// Whether no adapter applies to this layer.
-    fn is_empty(&self) -> bool {
-        self.lora
-            .is_none_or(|l| l.targets().iter().all(|t| t.layer != self.layer))
-    }
 }
 
 /// What mixes a layer's tokens: attention over a KV cache, or a delta net's recurrent state.
@@ -110,142 +79,6 @@ enum Mixer {
         qk_norm: Option<[Tensor<1>; 2]>,
     },
     DeltaNet(DeltaNetLayer),
-}
-
-/// A layer's Q, K and V projections, their weights' rows stacked where the types allow
-/// ([`GgufLoader::stacked_linear`]), so they run as one or two GEMVs instead of three.
-// One per layer and long-lived, so the size difference of the variants costs nothing.
-#[allow(clippy::large_enum_variant)]
-enum Qkv {
-    /// `[q; k; v]` in one weight.
-    Stacked(GgmlLinear),
-    /// `[q; k]` in one weight, `v` apart (Gemma 3's Q4_K_M mix: Q5_0 Q and K, Q8_0 V).
-    StackedQk(GgmlLinear, GgmlLinear),
-    /// Each apart.
-    Each([GgmlLinear; 3]),
-}
-
-impl Qkv {
-    /// `blk.{il}.attn_qkv` where the file has the fused weight (Phi-3; llama.cpp
-    /// `build_qkv`), else `attn_q`, `attn_k` and `attn_v`, stacked where the types allow.
-    fn load(loader: &GgufLoader, il: usize) -> Result<Self, Error> {
-        let n = |s: &str| format!("blk.{il}.{s}.weight");
-        if loader.file().tensor(&n("attn_qkv")).is_some() {
-            return Ok(Self::Stacked(loader.linear(&n("attn_qkv"))?));
-        }
-        let (q, k, v) = (&n("attn_q"), &n("attn_k"), &n("attn_v"));
-        if let Some(qkv) = loader.stacked_linear(&[q, k, v])? {
-            return Ok(Self::Stacked(qkv));
-        }
-        if let Some(qk) = loader.stacked_linear(&[q, k])? {
-            return Ok(Self::StackedQk(qk, loader.linear(v)?));
-        }
-        Ok(Self::Each([
-            loader.linear(q)?,
-            loader.linear(k)?,
-            loader.linear(v)?,
-        ]))
-    }
-
-    /// The projections of `h` `[n, n_embd]`: `(qk, v, layout, gate)` with the query heads at
-    /// columns `0..n_head * head_dim` of `qk`, the key heads at `layout.k_off`, the value heads
-    /// at `layout.v_off` of `v` (the same tensor as `qk` when stacked), and with gated
-    /// attention the gates `[n, n_head * head_dim]`. `layout` leaves `n`, `slots`, `capacity`,
-    /// `positions` and `rope_dims` for the caller.
-    ///
-    /// `bias` (`[q; k; v]` rows, Qwen2) is added to the projections.
-    /// `lora` adds the adapters' updates of `attn_q`, `attn_k`, `attn_v` (or of `attn_qkv`
-    /// when `fused`) to their columns.
-    fn forward(
-        &self,
-        h: Tensor<2>,
-        bias: Option<&Tensor<1>>,
-        c: &DecoderConfig,
-        lora: LayerLora<'_>,
-        fused: bool,
-    ) -> (Tensor<2>, Tensor<2>, QkRopeShape, Option<Tensor<2>>) {
-        let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
-        // Gated attention: per head `head_dim` query rows, then `head_dim` gate rows.
-        let qw = if c.gated_attention { 2 * q } else { q };
-        let layout = |qk_stride, v_stride, v_off| QkRopeShape {
-            n: 0,
-            n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
-            head_dim: c.head_dim,
-            rope_dims: 0,
-            qk_stride,
-            k_off: qw,
-            v_stride,
-            v_off,
-            slots: 0,
-            capacity: 0,
-            positions: 0,
-        };
-        // Adds `bias[at..at + width]` to `y` `[n, width]`.
-        let add = |y: Tensor<2>, at: usize| match bias {
-            None => y,
-            Some(b) => {
-                let width = y.dims()[1];
-                y + b.clone().narrow(0, at, width).unsqueeze()
-            }
-        };
-        let qkv_parts: &[(&str, usize)] = match fused {
-            true => &[("attn_qkv", qw + 2 * kv)],
-            false => &[("attn_q", qw), ("attn_k", kv), ("attn_v", kv)],
-        };
-        let (qk, v, layout) = match self {
-            Self::Stacked(w) => {
-                let y = lora.add_stacked(add(w.forward(h.clone()), 0), qkv_parts, &h);
-                (y.clone(), y, layout(qw + 2 * kv, qw + 2 * kv, qw + kv))
-            }
-            Self::StackedQk(wqk, wv) => (
-                lora.add_stacked(add(wqk.forward(h.clone()), 0), &qkv_parts[..2], &h),
-                lora.add(add(wv.forward(h.clone()), qw + kv), "attn_v", &h),
-                layout(qw + kv, kv, 0),
-            ),
-            Self::Each([wq, wk, wv]) => {
-                let q = lora.add(wq.forward(h.clone()), "attn_q", &h);
-                let k = lora.add(wk.forward(h.clone()), "attn_k", &h);
-                (
-                    add(Tensor::cat(vec![q, k], 1), 0),
-                    lora.add(add(wv.forward(h.clone()), qw + kv), "attn_v", &h),
-                    layout(qw + kv, kv, 0),
-                )
-            }
-        };
-        if !c.gated_attention {
-            return (qk, v, layout, None);
-        }
-        // Queries and keys side by side for the cache step, the gates apart.
-        let n = qk.dims()[0];
-        let qg = qk
-            .clone()
-            .narrow(1, 0, qw)
-            .reshape([n, c.n_head, 2, c.head_dim]);
-        let gate = qg.clone().narrow(2, 1, 1).reshape([n, q]);
-        let qk = Tensor::cat(
-            vec![
-                qg.narrow(2, 0, 1).reshape([n, q]),
-                qk.narrow(1, layout.k_off, kv),
-            ],
-            1,
-        );
-        let layout = QkRopeShape {
-            qk_stride: q + kv,
-            k_off: q,
-            ..layout
-        };
-        (qk, v, layout, Some(gate))
-    }
-}
-
-/// A dense FFN's gate and up projections, stacked into one weight where the types allow.
-#[allow(clippy::large_enum_variant)]
-enum GateUp {
-    /// `[gate; up]` in one weight.
-    Stacked(GgmlLinear),
-    /// Each apart.
-    Each(GgmlLinear, GgmlLinear),
 }
 
 /// A layer's feed-forward network.
@@ -267,62 +100,6 @@ enum Ffn {
 struct SharedExpert {
     gate_up: GateUp,
     down: GgmlLinear,
-}
-
-impl GateUp {
-    /// `gate` and `up`, stacked where the types allow; without a `gate` tensor, `up` holds
-    /// both, the gate rows first (Phi-3's `ffn_up` `[2 * n_ff, n_embd]`: llama.cpp
-    /// `ggml_swiglu` takes the first half as the gate).
-    fn load(loader: &GgufLoader, gate: &str, up: &str) -> Result<Self, Error> {
-        if loader.file().tensor(gate).is_none() && loader.file().tensor(up).is_some() {
-            return Ok(GateUp::Stacked(loader.linear(up)?));
-        }
-        Ok(match loader.stacked_linear(&[gate, up])? {
-            Some(w) => GateUp::Stacked(w),
-            None => GateUp::Each(loader.linear(gate)?, loader.linear(up)?),
-        })
-    }
-
-    /// `act(gate h) * up h`, with `lora`'s updates of `ffn_gate` and `ffn_up` (of `ffn_up`
-    /// holding both when `fused`) added before the activation.
-    fn forward(
-        &self,
-        h: Tensor<2>,
-        act: Activation,
-        lora: LayerLora<'_>,
-        fused: bool,
-    ) -> Tensor<2> {
-        match self {
-            GateUp::Stacked(w) if lora.is_empty() => w.forward_gated(h, act),
-            GateUp::Stacked(w) => {
-                let width = w.weight.shape()[0] / 2;
-                let parts: &[(&str, usize)] = match fused {
-                    true => &[("ffn_up", 2 * width)],
-                    false => &[("ffn_gate", width), ("ffn_up", width)],
-                };
-                let y = lora.add_stacked(w.forward(h.clone()), parts, &h);
-                burn_gguf::gated_stacked(y, act)
-            }
-            GateUp::Each(gate, up) => gated(
-                lora.add(gate.forward(h.clone()), "ffn_gate", &h),
-                lora.add(up.forward(h.clone()), "ffn_up", &h),
-                act,
-            ),
-        }
-    }
-
-    /// Checks the weights are `[n_ff, n_embd]` each.
-    fn check(&self, what: &str, n_ff: usize, e: usize) -> Result<(), Error> {
-        let got = match self {
-            GateUp::Stacked(w) => w.weight.shape(),
-            GateUp::Each(g, u) if g.weight.shape() == u.weight.shape() => {
-                let [r, c] = g.weight.shape();
-                [2 * r, c]
-            }
-            GateUp::Each(g, _) => g.weight.shape(),
-        };
-        expect(format!("{what} gate + up"), got, [2 * n_ff, e])
-    }
 }
 
 /// A decoder-only language model with packed weights on one device.
@@ -810,19 +587,77 @@ impl Decoder {
         Ok(self.hidden_batch(&mut state.0, &[(0, ids)], lora)?.0)
     }
 
+    /// [`Decoder::forward_hidden`] of several sequences in one pass (`seqs`: `(slot, ids)` as
+    /// [`Decoder::forward_batch`] takes them): every row's final hidden state, `[sum of
+    /// ids.len(), n_embd]`, in `seqs` order. A training batch runs as one pass, so each packed
+    /// weight is read (and, backward, dequantized) once for the batch.
+    ///
+    /// # Errors
+    /// As [`Decoder::forward_batch`].
+    pub fn forward_hidden_batch(
+        &self,
+        state: &mut BatchState,
+        seqs: &[(usize, &[u32])],
+        lora: Option<&DecoderLora>,
+    ) -> Result<Tensor<2>, Error> {
+        Ok(self.hidden_batch(state, seqs, lora)?.0)
+    }
+
     /// The output head over final hidden states: `h` `[n, n_embd]` -> logits `[n, vocab]`
     /// (with `output.bias` and the final soft-cap where the model has them).
     pub fn logits(&self, h: Tensor<2>) -> Tensor<2> {
-        let c = &self.config;
         let mut logits = self.head.forward(h);
         if let Some(b) = &self.head_bias {
             logits = logits + b.clone().unsqueeze();
         }
-        if let Some(cap) = c.final_softcap {
-            // tanh's argument clamped where tanh is 1 to f32 precision, as in attention.
-            logits = (logits / cap as f64).clamp(-15.0, 15.0).tanh() * cap as f64;
+        self.softcap(logits)
+    }
+
+    /// Row ranges `(first, n)` of the output head's vocabulary, each one device buffer's piece
+    /// of at most [`burn_gguf::tensor::PREFILL_SCRATCH_BYTES`] of f32: the pieces of
+    /// [`Decoder::logits_rows`].
+    pub fn head_chunks(&self) -> Vec<(usize, usize)> {
+        self.head.weight.row_chunks()
+    }
+
+    /// The logits of vocabulary entries `first..first + n` (one of [`Decoder::head_chunks`])
+    /// for final hidden states `h` `[m, n_embd]`: `[m, n]`, as [`Decoder::logits`] gives them.
+    /// A training loss over a large vocabulary runs the head a piece at a time, so its
+    /// backward pass dequantizes each piece of the head once.
+    pub fn logits_rows(&self, h: Tensor<2>, first: usize, n: usize) -> Tensor<2> {
+        let mut logits = self.head.weight.matmul_t_rows(h, first, n);
+        if let Some(b) = &self.head_bias {
+            logits = logits + b.clone().narrow(0, first, n).unsqueeze();
         }
-        logits
+        self.softcap(logits)
+    }
+
+    /// The logit of token `ids[i]` for each row `h[i]` (`h` `[m, n_embd]`, `ids` of length
+    /// `m`, each below the vocabulary size): `[m, 1]`, as [`Decoder::logits`] gives them.
+    ///
+    /// # Errors
+    /// An id not below the vocabulary size.
+    pub fn target_logits(&self, h: Tensor<2>, ids: &[u32]) -> Result<Tensor<2>, Error> {
+        let rows = self.head.weight.rows(ids)?;
+        let mut logits = (h * rows).sum_dim(1);
+        if let Some(b) = &self.head_bias {
+            let at: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+            let at = Tensor::<1, burn::tensor::Int>::from_data(
+                burn::tensor::TensorData::new(at, [ids.len()]),
+                &self.device,
+            );
+            logits = logits + b.clone().select(0, at).unsqueeze_dim(1);
+        }
+        Ok(self.softcap(logits))
+    }
+
+    /// The final soft-cap where the model has one (Gemma 2).
+    fn softcap(&self, logits: Tensor<2>) -> Tensor<2> {
+        match self.config.final_softcap {
+            // tanh's argument clamped where tanh is 1 to f32 precision, as in attention.
+            Some(cap) => (logits / cap as f64).clamp(-15.0, 15.0).tanh() * cap as f64,
+            None => logits,
+        }
     }
 
     /// Every row's final hidden state `[n, n_embd]` and each sequence's last row in it.

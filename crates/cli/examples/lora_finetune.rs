@@ -2,7 +2,7 @@
 //! (its blocks stay quantized and frozen), train rank-8 adapters on a text, and write them in
 //! llama.cpp's adapter format (`llama-cli --lora`, `burn-gguf run --lora`).
 //!
-//!     cargo run -p burn-gguf-models --example lora_finetune -- MODEL.gguf TEXT_FILE STEPS OUT.gguf
+//!     cargo run --example lora_finetune -- MODEL.gguf TEXT_FILE STEPS OUT.gguf
 //!
 //! Without arguments: the tiny Llama fixture, a built-in sentence, 20 steps, `lora.gguf` in the
 //! system's temporary directory.
