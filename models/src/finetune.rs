@@ -391,6 +391,29 @@ impl<'a> FineTune<'a> {
         })
     }
 
+    /// The mean loss per target token over all of `data` with the adapters as trained so far,
+    /// in passes of `batch` sequences (no optimizer step): the figure that shows a run learnt.
+    ///
+    /// # Errors
+    /// As [`batch_loss`].
+    pub fn eval_loss(&self, data: &[Example]) -> Result<f32, Error> {
+        let (mut sum, mut count) = (0f64, 0usize);
+        for pass in data.chunks(self.config.batch.max(1)) {
+            let examples: Vec<&Example> = pass.iter().collect();
+            let targets: usize = examples.iter().map(|ex| ex.targets()).sum();
+            let loss = batch_loss(self.model, Some(self.lora()), &examples)?
+                .inner()
+                .try_into_data()
+                .map_err(|e| Error::Device(format!("{e:?}")))?
+                .convert::<f32>()
+                .try_to_vec::<f32>()
+                .map_err(|e| Error::Device(format!("{e:?}")))?[0];
+            sum += f64::from(loss) * targets as f64;
+            count += targets;
+        }
+        Ok((sum / count.max(1) as f64) as f32)
+    }
+
     /// The next example's index: a Fisher-Yates shuffle of `0..len` per pass (splitmix64).
     fn next_index(&mut self, len: usize) -> usize {
         if self.next >= self.order.len() || self.order.len() != len {

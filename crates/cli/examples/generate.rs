@@ -7,6 +7,7 @@ use burn_gguf_models::{Decoder, GgufTokenizer, Sampler, SamplerConfig, generate}
 use std::io::Write;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    burn_gguf_cli::host::use_private_runtime_dir(); // no Mesa warning without XDG_RUNTIME_DIR
     let mut args = std::env::args().skip(1);
     let path = args
         .next()

@@ -11,6 +11,7 @@ use burn_gguf_models::finetune::{FineTune, TrainConfig, text_examples};
 use burn_gguf_models::{Decoder, DecoderLora, GgufTokenizer};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    burn_gguf_cli::host::use_private_runtime_dir(); // no Mesa warning without XDG_RUNTIME_DIR
     let mut args = std::env::args().skip(1);
     let path = args
         .next()

@@ -8,6 +8,7 @@ use burn_gguf_cli::serve::{ServeOptions, Server};
 use std::io::{Read, Write};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    burn_gguf_cli::host::use_private_runtime_dir(); // no Mesa warning without XDG_RUNTIME_DIR
     let model = std::env::args().nth(1);
     let mut opts = ServeOptions::default();
     opts.models = vec![model.unwrap_or("../shared/fixtures/gguf/tiny-qwen3-Q8_0.gguf".into())];

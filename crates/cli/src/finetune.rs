@@ -122,8 +122,9 @@ pub fn finetune(model_path: &Path, opts: &FinetuneOptions) -> Result<(), String>
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, &opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))
     };
-    let mut first_loss = None;
-    let mut last_loss = f32::NAN;
+    let eval_before = run.eval_loss(&data).map_err(|e| e.to_string())?;
+    eprintln!("loss over all the data before training: {eval_before:.4}");
+    let mut recent: std::collections::VecDeque<f32> = std::collections::VecDeque::new();
     for step in 1..=opts.steps {
         let stats = match run.step(&data) {
             Ok(s) => s,
@@ -137,19 +138,24 @@ pub fn finetune(model_path: &Path, opts: &FinetuneOptions) -> Result<(), String>
                 return Err(format!("{e}{kept}"));
             }
         };
-        first_loss.get_or_insert(stats.loss);
-        last_loss = stats.loss;
+        // The mean of the last 10 steps: one step's batch alone is a noisy figure.
+        recent.push_back(stats.loss);
+        if recent.len() > 10 {
+            recent.pop_front();
+        }
+        let mean = recent.iter().sum::<f32>() / recent.len() as f32;
         bar.set_message(format!(
-            "loss {:.4}, {:.0} tokens/s",
-            stats.loss,
+            "loss {mean:.4} (mean of the last {} steps), {:.0} tokens/s",
+            recent.len(),
             stats.tokens as f64 / stats.seconds.max(1e-9)
         ));
         bar.inc(1);
         if !opts.progress && (step == 1 || step % 10 == 0 || step == opts.steps) {
             eprintln!(
-                "step {step}/{}: loss {:.4}, {:.1} tokens/s",
+                "step {step}/{}: loss {:.4} (mean of the last {} steps {mean:.4}), {:.1} tokens/s",
                 opts.steps,
                 stats.loss,
+                recent.len(),
                 stats.tokens as f64 / stats.seconds.max(1e-9)
             );
         }
@@ -159,12 +165,13 @@ pub fn finetune(model_path: &Path, opts: &FinetuneOptions) -> Result<(), String>
     }
     bar.finish();
     save(run.lora())?;
+    let eval_after = run.eval_loss(&data).map_err(|e| e.to_string())?;
     eprintln!(
-        "wrote {} after {} steps in {:.1} s: loss {:.4} -> {last_loss:.4}",
+        "wrote {} after {} steps in {:.1} s: loss over all the data {eval_before:.4} -> \
+         {eval_after:.4}",
         opts.out.display(),
         run.steps(),
         t0.elapsed().as_secs_f64(),
-        first_loss.unwrap_or(f32::NAN)
     );
     Ok(())
 }

@@ -155,6 +155,16 @@ mod tests {
     }
 }
 
+/// Sets `XDG_RUNTIME_DIR` to [`private_runtime_dir`] when it is unset or not a directory, so
+/// Mesa's drivers do not print `error: XDG_RUNTIME_DIR is invalid or not set`. Call it first
+/// thing in `main`, before any thread exists (it changes the process environment).
+pub fn use_private_runtime_dir() {
+    if let Some(dir) = private_runtime_dir() {
+        // SAFETY: the caller runs this before spawning threads (see above).
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", dir) };
+    }
+}
+
 /// A private runtime directory for the graphics drivers when `XDG_RUNTIME_DIR` is unset or not a
 /// directory: `$TMPDIR/burn-gguf-runtime-UID`, created with mode 0700 (Mesa's drivers print
 /// `error: XDG_RUNTIME_DIR is invalid or not set` without one). `None` when the variable names a

@@ -217,10 +217,7 @@ fn list_devices() {
 fn main() -> ExitCode {
     // Before any thread exists: Mesa's drivers print `error: XDG_RUNTIME_DIR is invalid or not
     // set` to stderr when it is unset, so the CLI gives them a private one.
-    if let Some(dir) = burn_gguf_cli::host::private_runtime_dir() {
-        // SAFETY: single-threaded here (nothing has been spawned yet).
-        unsafe { std::env::set_var("XDG_RUNTIME_DIR", dir) };
-    }
+    burn_gguf_cli::host::use_private_runtime_dir();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
