@@ -13,7 +13,7 @@
 //! The fused layer ops (RMSNorm, the residual step, RoPE, the gated activation, the KV-cache
 //! write and attention, delta-net, MoE routing and the expert GEMV) have no backward pass of
 //! their own. Under `Autodiff` burn-gguf's wrappers ([`crate::rms_norm`], [`crate::rope`],
-//! [`crate::attention`], ...) run their Burn-op forms instead, since an autodiff device is not a
+//! [`crate::attention()`], ...) run their Burn-op forms instead, since an autodiff device is not a
 //! CubeCL one, and Burn's autodiff differentiates those (docs/finetune.md says why). Called
 //! directly on a tracked tensor, these ops panic naming the wrapper to use; on untracked
 //! tensors they run the inner backend's kernel, so inference on an autodiff device still works.
