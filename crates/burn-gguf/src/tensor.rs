@@ -283,8 +283,9 @@ impl GgmlTensor {
         );
         let device = x.device();
         // Under autodiff (training) more than one GEMV pass of rows takes the dequantize +
-        // matmul path: its backward dequantizes the rows anyway, and on lavapipe it measured
-        // faster than GEMV passes for Gemma's ~50-token sequences (docs/finetune.md).
+        // matmul path, as llama.cpp's GPU backends leave mat-vec past 8 columns: the backward
+        // pass dequantizes the rows anyway (on lavapipe the two measured within noise for
+        // Gemma's ~50-token sequences, docs/finetune.md).
         let batch_rows = match device.is_autodiff() {
             true => MAX_GEMV_ROWS,
             false => GEMV_BATCH_ROWS,
