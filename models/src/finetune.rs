@@ -359,13 +359,7 @@ impl<'a> FineTune<'a> {
         for pass in picked.chunks(batch) {
             let examples: Vec<&Example> = pass.iter().map(|&i| &data[i]).collect();
             let loss = batch_loss(self.model, Some(lora), &examples)?;
-            let value = loss
-                .clone()
-                .try_into_data()
-                .map_err(|e| Error::Device(format!("{e:?}")))?
-                .convert::<f32>()
-                .try_to_vec::<f32>()
-                .map_err(|e| Error::Device(format!("{e:?}")))?[0];
+            let value = crate::host_f32(loss.clone())?[0];
             if !value.is_finite() {
                 return Err(Error::Model(format!(
                     "the loss is {value} at step {}: training stopped (the adapters keep \
@@ -401,13 +395,7 @@ impl<'a> FineTune<'a> {
         for pass in data.chunks(self.config.batch.max(1)) {
             let examples: Vec<&Example> = pass.iter().collect();
             let targets: usize = examples.iter().map(|ex| ex.targets()).sum();
-            let loss = batch_loss(self.model, Some(self.lora()), &examples)?
-                .inner()
-                .try_into_data()
-                .map_err(|e| Error::Device(format!("{e:?}")))?
-                .convert::<f32>()
-                .try_to_vec::<f32>()
-                .map_err(|e| Error::Device(format!("{e:?}")))?[0];
+            let loss = crate::host_f32(batch_loss(self.model, Some(self.lora()), &examples)?)?[0];
             sum += f64::from(loss) * targets as f64;
             count += targets;
         }

@@ -40,6 +40,19 @@ pub use sampling::{Sampler, SamplerConfig};
 pub use state::{BatchState, LayerKind, LayerState, SequenceState};
 pub use tokenizer::GgufTokenizer;
 
+/// The values of `t` read back to the host as f32 (autodiff stripped first), row-major.
+///
+/// # Errors
+/// [`Error::Device`] when the read-back fails.
+pub(crate) fn host_f32<const D: usize>(t: burn::tensor::Tensor<D>) -> Result<Vec<f32>, Error> {
+    t.inner()
+        .try_into_data()
+        .map_err(|e| Error::Device(format!("{e:?}")))?
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .map_err(|e| Error::Device(format!("{e:?}")))
+}
+
 /// Errors of the model layer.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

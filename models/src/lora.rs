@@ -240,13 +240,7 @@ impl DecoderLora {
             let base = t.weight_name();
             for (suffix, m) in [(LORA_A, a.a.val()), (LORA_B, a.b.val())] {
                 let [rows, cols] = m.dims();
-                let values = m
-                    .inner()
-                    .try_into_data()
-                    .map_err(|e| Error::Device(format!("{e:?}")))?
-                    .convert::<f32>()
-                    .try_to_vec::<f32>()
-                    .map_err(|e| Error::Device(format!("{e:?}")))?;
+                let values = crate::host_f32(m)?;
                 let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
                 w.add_tensor(
                     format!("{base}{suffix}"),
