@@ -2,8 +2,8 @@
 //! `cargo xtask kernel-test` and of the kernel tests. References come from the caller (the CPU
 //! codec), so this crate stays independent of it.
 use crate::{
-    GemvConfig, GemvLaunch, KernelError, grid_words, launch_dequantize_rows, launch_gemv_with,
-    words_for_bytes,
+    GemvConfig, GemvLaunch, KernelError, grid_words, launch_dequantize_matmul,
+    launch_dequantize_rows, launch_gemv_with, words_for_bytes,
 };
 use cubecl::client::Client;
 use cubecl::prelude::*;
@@ -213,4 +213,65 @@ pub fn dequantize_error(
             worst.max(e)
         }
     }))
+}
+
+/// Runs the tile matmul ([`launch_dequantize_matmul`]) over weight rows `first..first + n` of
+/// `bytes` (`rows` x `cols` of `ty`) with activations `x` (`[m, cols]`, or `[m, n]` when
+/// `transposed`) and returns the worst error as a fraction of its bound ([`GEMV_TOL`] x the sum
+/// of the products' magnitudes, as for the GEMV; <= 1 passes) against the same product in f64
+/// from `reference` (`[rows, cols]`, the CPU codec's weights).
+///
+/// # Errors
+/// Launch errors or a failed read-back.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_error(
+    client: &Client,
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    first: usize,
+    n: usize,
+    transposed: bool,
+    x: &[f32],
+    reference: &[f32],
+) -> Result<f64, KernelError> {
+    let (x_cols, y_cols) = if transposed { (n, cols) } else { (cols, n) };
+    let m = x.len() / x_cols;
+    let words = words_for_bytes(bytes);
+    let w = client.create_from_slice(u32::as_bytes(&words));
+    let grid = grid_words(ty).ok_or(KernelError::Unsupported(ty))?;
+    let gh = client.create_from_slice(u32::as_bytes(&grid));
+    let xh = client.create_from_slice(f32::as_bytes(x));
+    let yh = client.empty((m * y_cols).max(1) * size_of::<f32>());
+    // SAFETY: each length is that of the buffer just created.
+    let (wa, ga, xa, ya) = unsafe {
+        (
+            BufferArg::from_raw_parts(w, words.len()),
+            BufferArg::from_raw_parts(gh, grid.len()),
+            BufferArg::from_raw_parts(xh, x.len()),
+            BufferArg::from_raw_parts(yh.clone(), m * y_cols),
+        )
+    };
+    launch_dequantize_matmul(
+        client, ty, wa, ga, xa, ya, m, first, n, rows, cols, transposed,
+    )?;
+    let y = read_f32(client, yh)?;
+    let mut worst = 0f64;
+    for r in 0..m {
+        for o in 0..y_cols {
+            let (dot, mag) = (0..x_cols).fold((0f64, 0f64), |(d, a), k| {
+                let (xv, wv) = if transposed {
+                    (x[r * n + k], reference[(first + k) * cols + o])
+                } else {
+                    (x[r * cols + k], reference[(first + o) * cols + k])
+                };
+                let p = xv as f64 * wv as f64;
+                (d + p, a + p.abs())
+            });
+            let err = (y[r * y_cols + o] as f64 - dot).abs() / (GEMV_TOL * mag.max(1e-30));
+            worst = worse(worst, err);
+        }
+    }
+    Ok(worst)
 }

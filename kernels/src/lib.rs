@@ -7,6 +7,9 @@
 //!   and [`launch_gemv_glu`] with the gated activation as its epilogue;
 //! - [`launch_dequantize_rows`]: dequantize rows by id (embedding lookup, and the bounded
 //!   scratch of chunked prefill);
+//! - [`launch_dequantize_matmul`]: the tile matmul for many activation rows, `x W^T` and the
+//!   backward pass's transposed `x W`, blocks decoded into workgroup memory ([`matmul`]; which
+//!   products take it: [`matmul::MatmulPath`]);
 //! - not quantized ops, but the models' per-layer ops that Burn ops ran as several small kernels
 //!   each: [`launch_rms_norm`] (RMSNorm with its weight), [`launch_add_rms_norm`] (residual add
 //!   and the next norm), [`launch_rope`] (rotary position embedding), [`launch_glu`]
@@ -62,6 +65,7 @@ pub mod gemv;
 mod gemv_config;
 pub mod glu;
 pub mod kv_cache;
+pub mod matmul;
 pub mod moe;
 pub mod norm;
 pub mod rope;
@@ -84,6 +88,7 @@ pub use delta_net::{DeltaNetShape, DeltaNetStrides, launch_causal_conv, launch_g
 pub use gemv_config::GemvConfig;
 pub use glu::launch_glu;
 pub use kv_cache::{QkRopeShape, launch_qk_rope_cache};
+pub use matmul::launch_dequantize_matmul;
 pub use moe::{GemvIdShape, launch_gemv_id, launch_moe_route};
 pub use norm::{launch_add_rms_norm, launch_rms_norm};
 pub use rope::launch_rope;
@@ -307,7 +312,7 @@ pub(crate) fn shape_err(op: &'static str, reason: String) -> KernelError {
 }
 
 /// Checks that `cols` is a whole number of kernel blocks and returns the bytes of one row.
-fn row_bytes(op: &'static str, ty: GgmlType, cols: usize) -> Result<usize, KernelError> {
+pub(crate) fn row_bytes(op: &'static str, ty: GgmlType, cols: usize) -> Result<usize, KernelError> {
     let be = kernel_block_elems(ty).ok_or(KernelError::Unsupported(ty))?;
     if cols == 0 || !cols.is_multiple_of(be) {
         return Err(shape_err(
@@ -319,7 +324,11 @@ fn row_bytes(op: &'static str, ty: GgmlType, cols: usize) -> Result<usize, Kerne
     Ok(cols / be * bb)
 }
 
-fn check_grid(op: &'static str, ty: GgmlType, grid: &BufferArg) -> Result<(), KernelError> {
+pub(crate) fn check_grid(
+    op: &'static str,
+    ty: GgmlType,
+    grid: &BufferArg,
+) -> Result<(), KernelError> {
     let need = with_format!(ty, F => F::GRID.len_words(), 0);
     if grid.len() < need {
         return Err(shape_err(
@@ -333,7 +342,7 @@ fn check_grid(op: &'static str, ty: GgmlType, grid: &BufferArg) -> Result<(), Ke
     Ok(())
 }
 
-fn check_words(
+pub(crate) fn check_words(
     op: &'static str,
     w: &BufferArg,
     rows: usize,

@@ -3,7 +3,7 @@
 //! naga on every native API), SPIR-V (CubeCL's own SPIR-V compiler: Burn's `vulkan` feature) and
 //! MSL (CubeCL's C++ compiler with the Metal dialect: Burn's `metal` feature).
 use crate::formats::*;
-use crate::{GemvConfig, KernelError, dequantize, gemv, glu, with_format};
+use crate::{GemvConfig, KernelError, dequantize, gemv, glu, matmul, with_format};
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::{Compiler, WgpuCompilationOptions};
@@ -30,6 +30,11 @@ pub enum Variant {
     },
     /// Dequantize rows by id.
     DequantizeRows,
+    /// The tile matmul ([`crate::launch_dequantize_matmul`]), `x W^T` or transposed `x W`.
+    DequantizeMatmul {
+        /// `y = x W` (the backward pass's product) rather than `y = x W^T`.
+        transposed: bool,
+    },
 }
 
 /// A shader language a variant is compiled to.
@@ -130,6 +135,13 @@ pub fn source(
             props, target_props, one, CubeDim::new_1d(64), arg(), arg(), arg(), arg(), 0u32, 1u32,
             F::BLOCK_ELEMS,
         ).define(),
+        Variant::DequantizeMatmul { transposed } => {
+            let side = matmul::MM_UNITS_SIDE;
+            matmul::dequantize_matmul::create_dummy_kernel::<F>(
+                props, target_props, one, CubeDim::new_2d(side, side), arg(), arg(), arg(), arg(),
+                1u32, 0u32, 1u32, F::BLOCK_ELEMS, transposed,
+            ).define()
+        }
     }, return Err(KernelError::Unsupported(ty)));
     // The compilers panic on some unsupported input: a panic is this variant's compile error.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compile(definition, target)))

@@ -9,6 +9,7 @@ use burn_gguf::{GgmlLinear, GgmlTensor, GgufConfig, GgufLoader, LoraAdapter, Lor
 use burn_gguf_models::finetune::{Example, FineTune, TrainConfig, sequence_loss, text_examples};
 use burn_gguf_models::{Decoder, DecoderLora, GgufTokenizer};
 use burn_gguf_tests::{fixtures, rand_vec};
+use ggml_kernels::matmul::MatmulPath;
 use gguf::{GgmlType, GgufFile};
 
 fn autodiff_device() -> Device {
@@ -125,10 +126,22 @@ fn linear_grads(
 /// The acceptance item: for one type of each weight family, the gradients with respect to
 /// the input and to the LoRA matrices equal those of the dequantized dense layer under Burn's
 /// own autodiff, within 1e-4 relative, for GEMV-sized (3 rows) and prefill-sized (80 rows)
-/// inputs. The blocks get no gradient (they are not parameters at all).
+/// inputs. The blocks get no gradient (they are not parameters at all). Both paths of the
+/// product over many rows are checked: the tile kernel and the chunked dequantize + matmul
+/// ([`MatmulPath`]; the override is process-wide, and a test beside this one that runs while
+/// it is set takes the tile kernel, equally correct).
 #[test]
 fn packed_linear_gradients_equal_dense() {
     let device = autodiff_device();
+    for path in [MatmulPath::Tile, MatmulPath::Chunked] {
+        MatmulPath::set_override(Some(path));
+        linear_gradients_equal_dense(&device, path);
+    }
+    MatmulPath::set_override(None);
+}
+
+fn linear_gradients_equal_dense(device: &Device, path: MatmulPath) {
+    let device = device.clone();
     for ty in [
         GgmlType::Q8_0,
         GgmlType::Q4_K,
@@ -152,7 +165,7 @@ fn packed_linear_gradients_equal_dense() {
                 let d = rel_diff(g, w);
                 assert!(
                     d <= 1e-4,
-                    "{ty} {shape:?}, {m} rows: d{what} differs by {d} (relative)"
+                    "{ty} {shape:?}, {m} rows, {path:?}: d{what} differs by {d} (relative)"
                 );
                 assert!(w.iter().any(|v| *v != 0.0), "{ty}: d{what} is all zeros");
             }

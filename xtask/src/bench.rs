@@ -27,9 +27,11 @@
 //!   (`dense_alternated`). `packed_over_dense` is Burn-path packed time over dense time (below
 //!   1: packed is faster); `--quick` skips the Burn path and divides the kernel's time instead
 //!   (`packed_over_dense_from` says which).
-//! - **prefill**: 512 activation rows through [`GgmlTensor::matmul_t`] (which dequantizes bounded
-//!   chunks of rows and uses Burn's matmul) against the dense matmul; GFLOP/s = 2 * m * rows * cols
-//!   / seconds / 10^9.
+//! - **prefill**: 512 activation rows through [`GgmlTensor::matmul_t`] against the dense matmul,
+//!   on the path the library picks for the device ([`MatmulPath::for_client`]) and on each path
+//!   in turn (`tile_seconds`: the tile kernel; `chunked_seconds`: bounded chunks of rows
+//!   dequantized and multiplied with Burn's matmul); GFLOP/s = 2 * m * rows * cols / seconds /
+//!   10^9.
 //! - **end to end** (Gemma 3 270M Q4_K_M from the model cache, or `--model`): load time, time to
 //!   first token (prefill of the prompt and the choice of the first token), prompt tokens/s and
 //!   greedy decode tokens/s, in a first (cold: kernels compile) and a second (warm) generation;
@@ -61,6 +63,7 @@ use burn_gguf::{DenseWeight, GgmlTensor, Weight};
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use ggml_kernels::check::rand_f32;
+use ggml_kernels::matmul::MatmulPath;
 use ggml_kernels::{GemvConfig, MAX_GEMV_ROWS, cube_count_for, words_for_bytes};
 use gguf::GgmlType;
 use serde_json::{Value, json};
@@ -142,6 +145,13 @@ pub struct Options {
     /// Training steps of each fine-tuning variant, the first a warm-up (default 4).
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub finetune_steps: usize,
+    /// The path of every product over many activation rows in this run (prefill, training):
+    /// `tile` (the tile kernel) or `chunked` (dequantized chunks and Burn's matmul). When
+    /// absent: the library's choice per product (`MatmulPath::for_client`), except that the
+    /// fine-tuning measurement takes `tile`, as `burn-gguf finetune` does. The prefill rows
+    /// time both paths regardless.
+    #[arg(long, value_name = "PATH", value_parser = ["tile", "chunked"])]
+    pub matmul_path: Option<String>,
 }
 
 /// Makes the adapter `choice` names the default wgpu device of this process and of the processes
@@ -320,15 +330,36 @@ impl Bench {
         let Some(dp) = dense_prefill else {
             return Ok(());
         };
+        // Each path of the product ([`MatmulPath`]) in turn, then the library's choice.
+        let client = burn_gguf::cube_client(&self.device).ok_or("not a CubeCL device")?;
+        let mut path_seconds = Vec::new();
+        let run_path = MatmulPath::overridden();
+        for path in [MatmulPath::Tile, MatmulPath::Chunked] {
+            MatmulPath::set_override(Some(path));
+            let runs = MatmulPath::for_client(&client, false) == path;
+            let t = runs
+                .then(|| {
+                    time_burn(&self.device, PREFILL_ROWS, cols, self.budget, |x| {
+                        tensor.matmul_t(x)
+                    })
+                })
+                .transpose();
+            MatmulPath::set_override(run_path);
+            path_seconds.push(t?.map(|t| t.seconds));
+        }
+        let chosen = MatmulPath::for_client(&client, false);
         let p = time_burn(&self.device, PREFILL_ROWS, cols, self.budget, |x| {
             tensor.matmul_t(x)
         })?;
         let flop = 2.0 * (PREFILL_ROWS * rows * cols) as f64;
+        let ms = |s: Option<f64>| s.map_or("-".into(), |s| format!("{:.1} ms", s * 1e3));
         println!(
-            "{:<8} {name:>12} {PREFILL_ROWS:>3} prefill: packed {:.1} ms ({:.1} GFLOP/s), dense {:.1} ms ({:.1} GFLOP/s), packed/dense {:.2}",
+            "{:<8} {name:>12} {PREFILL_ROWS:>3} prefill: packed {:.1} ms ({:.1} GFLOP/s, {chosen:?}; tile {}, chunked {}), dense {:.1} ms ({:.1} GFLOP/s), packed/dense {:.2}",
             ty.to_string(),
             p.seconds * 1e3,
             flop / p.seconds / 1e9,
+            ms(path_seconds[0]),
+            ms(path_seconds[1]),
             dp.seconds * 1e3,
             flop / dp.seconds / 1e9,
             p.seconds / dp.seconds
@@ -342,6 +373,9 @@ impl Bench {
             "seconds": p.seconds,
             "iterations": p.iterations,
             "gflops": flop / p.seconds / 1e9,
+            "path": format!("{chosen:?}"),
+            "tile_seconds": path_seconds[0],
+            "chunked_seconds": path_seconds[1],
             "dense_seconds": dp.seconds,
             "dense_gflops": flop / dp.seconds / 1e9,
             "packed_over_dense": p.seconds / dp.seconds,
@@ -357,6 +391,12 @@ impl Bench {
 /// A device that is not a CubeCL one, a failed launch or read-back, an unwritable JSON file.
 pub fn run(opts: &Options) -> Result<(), String> {
     let t_start = Instant::now();
+    let path = match opts.matmul_path.as_deref() {
+        Some("tile") => Some(MatmulPath::Tile),
+        Some(_) => Some(MatmulPath::Chunked),
+        None => None,
+    };
+    MatmulPath::set_override(path);
     let started = utc_now();
     let budget = Budget {
         min_s: opts

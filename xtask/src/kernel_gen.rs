@@ -39,6 +39,9 @@ fn variants(client: &cubecl::client::Client) -> Vec<(String, Variant)> {
         }
     }
     let mut out = vec![("dequantize_rows".to_string(), Variant::DequantizeRows)];
+    for (name, transposed) in [("dequantize_matmul", false), ("dequantize_matmul_t", true)] {
+        out.push((name.to_string(), Variant::DequantizeMatmul { transposed }));
+    }
     for config in configs {
         for m_pass in config.pass_widths() {
             let name = format!("gemv_{}_p{m_pass}", config.name().replace('-', "_"));

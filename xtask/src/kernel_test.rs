@@ -3,7 +3,7 @@
 //! failure.
 use burn::tensor::{Tensor, TensorData};
 use burn_gguf::GgmlTensor;
-use ggml_kernels::check::{dequantize_error, gemv_error, rand_f32};
+use ggml_kernels::check::{dequantize_error, gemv_error, matmul_error, rand_f32};
 use ggml_kernels::{GemvConfig, GemvLaunch};
 use gguf::GgmlType;
 
@@ -64,8 +64,8 @@ impl Row {
     }
 }
 
-/// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `big`, `attention`, `delta_net`,
-/// `top_k`, `moe`); prints the table. Returns the number of failures.
+/// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `matmul`, `big`,
+/// `attention`, `delta_net`, `top_k`, `moe`); prints the table. Returns the number of failures.
 ///
 /// Kernels run from WGSL text as in every process (`ggml_kernels::wgsl_cache`), generated here:
 /// the sweep's variants are not written to the cache folder.
@@ -116,6 +116,24 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
             let e = dequantize_error(&client, t, &bytes, rows, cols, &reference)
                 .map_err(|e| e.to_string());
             push(format!("{t} dequantize_rows"), format!("{rows}x{cols}"), e);
+        }
+        // The tile matmul on odd shapes: 67 activation rows (a partial second tile), weight
+        // rows 3..61 (an offset, a partial tile, and a partial reduction step transposed).
+        if wants("matmul") && ggml_kernels::shared_memory_ok(&client) {
+            let (m, first, n) = (67, 3, rows - 3);
+            for transposed in [false, true] {
+                let x = rand_f32(m * if transposed { n } else { cols }, 17);
+                let e = matmul_error(
+                    &client, t, &bytes, rows, cols, first, n, transposed, &x, &reference,
+                )
+                .map_err(|e| e.to_string());
+                let (v, shape) = if transposed {
+                    ("x W", format!("{m}x{n} . {n}x{cols}"))
+                } else {
+                    ("x W^T", format!("{m}x{cols} . {n}x{cols}"))
+                };
+                push(format!("{t} dequantize_matmul {v}"), shape, e);
+            }
         }
         if wants("gemv") {
             for config in GemvConfig::variants(&client) {

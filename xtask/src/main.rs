@@ -50,10 +50,11 @@ enum Command {
         /// Only this ggml type (e.g. Q4_K).
         #[arg(long = "type")]
         ggml_type: Option<gguf::GgmlType>,
-        /// Only this op: gemv, dequantize, big (262,144-row and over-128-MiB shapes),
+        /// Only this op: gemv, dequantize, matmul (the tile kernel of prefill and training),
+        /// big (262,144-row and over-128-MiB shapes),
         /// attention (the KV-cache step and attention kernels), top_k, moe (routing and the
         /// expert GEMV).
-        #[arg(long, value_parser = ["gemv", "dequantize", "big", "attention", "delta_net", "top_k", "moe"])]
+        #[arg(long, value_parser = ["gemv", "dequantize", "matmul", "big", "attention", "delta_net", "top_k", "moe"])]
         op: Option<String>,
     },
     /// Benchmark the packed path on the wgpu device: fused GEMV per ggml type and shape (1 and 8

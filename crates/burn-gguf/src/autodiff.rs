@@ -3,12 +3,11 @@
 //!
 //! Packed weights are frozen. Their blocks are `Int` tensors, which autodiff never tracks, so
 //! they get no gradient and are never dequantized whole. The products pass gradients to their
-//! activations: for `y = x W^T`, `dx = dy W`, computed from the blocks in chunks of at most
-//! [`crate::tensor::PREFILL_SCRATCH_BYTES`] of dequantized rows
-//! ([`GgmlOps::ggml_dequantize_rows`] + matmul), for GEMV rows ([`GgmlOps::ggml_gemv`]) and for
-//! prefill-sized inputs ([`GgmlOps::ggml_dequantize_matmul`]) alike. The backward pass keeps
-//! only a reference to the blocks, never a dequantized copy: a chunk is dequantized again when
-//! the gradient needs it.
+//! activations: for `y = x W^T`, `dx = dy W`, computed from the blocks by the transposed tile
+//! matmul ([`GgmlOps::ggml_dequantize_matmul`]: blocks decoded into workgroup memory, or bounded
+//! chunks of dequantized rows where the device has none), for GEMV rows
+//! ([`GgmlOps::ggml_gemv`]) and for prefill-sized inputs alike. The backward pass keeps only a
+//! reference to the blocks, never a dequantized copy.
 //!
 //! The fused layer ops (RMSNorm, the residual step, RoPE, the gated activation, the KV-cache
 //! write and attention, delta-net, MoE routing and the expert GEMV) have no backward pass of
@@ -18,14 +17,12 @@
 //! directly on a tracked tensor, these ops panic naming the wrapper to use; on untracked
 //! tensors they run the inner backend's kernel, so inference on an autodiff device still works.
 use crate::ops::GgmlOps;
-use crate::tensor::prefill_chunk_rows;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Autodiff, AutodiffBackend, TensorMetadata};
-use burn::tensor::{Slice, TensorData};
+use burn::backend::{Autodiff, AutodiffBackend};
 use gguf::GgmlType;
 
 /// Rows `first..first + n` of one packed buffer holding `rows` rows of `cols` values: what a
@@ -39,6 +36,8 @@ struct PackedRows<B: GgmlOps> {
     n: usize,
     rows: usize,
     cols: usize,
+    /// Whether the product is `y = x W` rather than `y = x W^T`.
+    transposed: bool,
 }
 
 impl<B: GgmlOps> Clone for PackedRows<B> {
@@ -55,53 +54,33 @@ impl<B: GgmlOps> core::fmt::Debug for PackedRows<B> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(
             f,
-            "PackedRows {{ {}, rows {}..{} of [{}, {}] }}",
+            "PackedRows {{ {}, rows {}..{} of [{}, {}], transposed {} }}",
             self.ggml_type,
             self.first,
             self.first + self.n,
             self.rows,
-            self.cols
+            self.cols,
+            self.transposed
         )
     }
 }
 
 impl<B: GgmlOps> PackedRows<B> {
-    /// `dy W[first..first + n]`: `dy` `[m, n]` f32 -> `[m, cols]` f32, the weight's rows
-    /// dequantized at most [`prefill_chunk_rows`] at a time.
-    fn dy_w(&self, dy: FloatTensor<B>) -> FloatTensor<B> {
-        let device = dy.device();
-        let m = dy.shape()[0];
-        let chunk = prefill_chunk_rows(self.cols);
-        let mut acc: Option<FloatTensor<B>> = None;
-        for start in (0..self.n).step_by(chunk) {
-            let len = chunk.min(self.n - start);
-            let first = self.first + start;
-            let ids: Vec<u32> = (first..first + len).map(|r| r as u32).collect();
-            let ids = B::int_from_data(TensorData::new(ids, [len]), &device);
-            let scratch = B::ggml_dequantize_rows(
-                self.w.clone(),
-                self.grid.clone(),
-                ids,
-                self.ggml_type,
-                0,
-                self.rows,
-                self.cols,
-            );
-            let dy_part = if len == self.n {
-                dy.clone()
-            } else {
-                B::float_slice(
-                    dy.clone(),
-                    &[Slice::from(0..m), Slice::from(start..start + len)],
-                )
-            };
-            let part = B::float_matmul(dy_part, scratch);
-            acc = Some(match acc {
-                None => part,
-                Some(a) => B::float_add(a, part),
-            });
-        }
-        acc.expect("a product has at least one weight row")
+    /// The gradient of the product's input, straight from the blocks
+    /// ([`GgmlOps::ggml_dequantize_matmul`]): `dy W[first..first + n]` (`dy` `[m, n]` ->
+    /// `[m, cols]`) for `y = x W^T`, and `dy W^T` for the transposed product `y = x W`.
+    fn dx(&self, dy: FloatTensor<B>) -> FloatTensor<B> {
+        B::ggml_dequantize_matmul(
+            self.w.clone(),
+            self.grid.clone(),
+            dy,
+            self.ggml_type,
+            self.first,
+            self.n,
+            self.rows,
+            self.cols,
+            !self.transposed,
+        )
     }
 }
 
@@ -114,7 +93,7 @@ impl<B: GgmlOps> Backward<B, 1> for PackedProduct {
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let weight = ops.state;
-        unary::<B, _>(ops.parents, ops.node, grads, |dy| weight.dy_w(dy));
+        unary::<B, _>(ops.parents, ops.node, grads, |dy| weight.dx(dy));
     }
 }
 
@@ -174,6 +153,7 @@ impl<B: GgmlOps, C: CheckpointStrategy> GgmlOps for Autodiff<B, C> {
             n: rows,
             rows,
             cols,
+            transposed: false,
         };
         packed_product::<B, C>(x, weight, |x| {
             B::ggml_gemv(w, grid, x, ggml_type, rows, cols)
@@ -202,6 +182,7 @@ impl<B: GgmlOps, C: CheckpointStrategy> GgmlOps for Autodiff<B, C> {
         n: usize,
         rows: usize,
         cols: usize,
+        transposed: bool,
     ) -> FloatTensor<Self> {
         let weight = PackedRows::<B> {
             w: w.clone(),
@@ -211,9 +192,10 @@ impl<B: GgmlOps, C: CheckpointStrategy> GgmlOps for Autodiff<B, C> {
             n,
             rows,
             cols,
+            transposed,
         };
         packed_product::<B, C>(x, weight, |x| {
-            B::ggml_dequantize_matmul(w, grid, x, ggml_type, first, n, rows, cols)
+            B::ggml_dequantize_matmul(w, grid, x, ggml_type, first, n, rows, cols, transposed)
         })
     }
 

@@ -46,6 +46,7 @@ pub use attention::{
 };
 pub use delta_net::{DeltaNetShape, causal_conv_silu, gated_delta_net};
 pub use device::{Adapter, adapters, select_device};
+pub use ggml_kernels::matmul::MatmulPath;
 pub use loader::{GgufConfig, GgufLoader, LoadEntry, LoadKind, LoadReport, plan};
 pub use lora::{LoraAdapter, LoraConfig, LoraLinear};
 pub use moe::{ExpertRows, GgmlExperts, moe_route};

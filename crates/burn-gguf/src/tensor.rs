@@ -328,6 +328,7 @@ impl GgmlTensor {
                         n,
                         p.rows,
                         cols,
+                        false,
                     )));
                 }
             }
@@ -423,6 +424,7 @@ impl GgmlTensor {
             n,
             p.rows,
             cols,
+            false,
         ))
     }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use burn_gguf::{GgufConfig, GgufLoader, LoraConfig};
 use burn_gguf_models::finetune::{FineTune, TrainConfig, chat_examples};
 use burn_gguf_models::{ChatTemplate, Decoder, DecoderLora, GgufTokenizer};
+use ggml_kernels::matmul::MatmulPath;
 use serde_json::{Value, json};
 
 /// The chat sample the measurement trains on.
@@ -128,10 +129,21 @@ fn train(path: &Path, dequantize: bool, steps: usize) -> Result<Value, String> {
 /// Both variants in one run, side by side.
 pub(super) fn run(model: Option<PathBuf>, steps: usize) -> Result<Value, String> {
     let path = model.ok_or("no model: pass --model or fetch gemma3-270m")?;
+    // The path `burn-gguf finetune` takes, unless `--matmul-path` chose one.
+    if MatmulPath::overridden().is_none() && std::env::var_os("BURN_GGUF_MATMUL_PATH").is_none() {
+        MatmulPath::set_override(Some(MatmulPath::Tile));
+    }
+    let client = burn_gguf::cube_client(&burn_gguf::default_device())
+        .ok_or("the default device is not a CubeCL device")?;
+    let matmul_path = format!(
+        "{:?} forward, {:?} transposed",
+        MatmulPath::for_client(&client, false),
+        MatmulPath::for_client(&client, true)
+    );
     println!(
         "fine-tuning: {} LoRA rank 8 on attn_q/k/v/output and ffn_gate/up/down, {SEQ_LEN}-token \
          sequences of {DATA}, AdamW lr 1e-3, 4 sequences a step, {steps} steps (the first a \
-         warm-up)",
+         warm-up), packed products on the {matmul_path} path",
         path.display()
     );
     let packed = train(&path, false, steps)?;
@@ -157,6 +169,7 @@ pub(super) fn run(model: Option<PathBuf>, steps: usize) -> Result<Value, String>
         "model": path.display().to_string(),
         "data": DATA,
         "seq_len": SEQ_LEN,
+        "matmul_path": matmul_path,
         "packed": packed,
         "dense": dense,
         "speed_ratio": speed,

@@ -13,9 +13,12 @@ use burn::backend::backend_extension;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::wgpu::{CubeBackend, CubeTensor};
 use burn::tensor::{DType, Shape};
-use cubecl::prelude::BufferArg;
-use ggml_kernels::{GemvConfig, GemvLaunch, MAX_GEMV_ROWS};
+use ggml_kernels::GemvConfig;
 use gguf::GgmlType;
+
+mod products;
+pub(crate) use products::gemv_passes_fit;
+use products::{dequantize_matmul_op, gemv_op};
 
 /// Ops over raw ggml blocks. Shapes are in Burn order; `w` holds `rows` rows of `cols` elements.
 #[backend_extension(Cube, Fusion, Autodiff)]
@@ -69,13 +72,21 @@ pub trait GgmlOps: burn::backend::Backend {
         cols: usize,
     ) -> FloatTensor<Self>;
 
-    /// `x W[first..first + n]^T` for any number of activation rows: `x` `[m, cols]` f32, `w`
-    /// holding `rows` rows -> `[m, n]` f32. Dequantizes the `n` rows into a scratch `[n, cols]`
-    /// ([`GgmlOps::ggml_dequantize_rows`]) and multiplies with the backend's matmul: the prefill
-    /// path, where a fused GEMV would read the weight once per 8 rows. The caller bounds `n`
-    /// ([`crate::tensor::PREFILL_SCRATCH_BYTES`]), so a weight is never dequantized whole.
-    /// Under `Autodiff` the scratch is not kept for the backward pass: it is dequantized again.
-    #[fusion(default)]
+    /// A packed product for any number of activation rows (prefill, training) over the weight
+    /// rows `first..first + n` of `w` (`rows` rows of `cols`):
+    /// - `transposed == false`: `y = x W[first..first + n]^T`, `x` `[m, cols]` f32 -> `[m, n]`;
+    /// - `transposed == true`: `y = x W[first..first + n]`, `x` `[m, n]` f32 -> `[m, cols]`, the
+    ///   backward pass's `dx = dy W`.
+    ///
+    /// Two paths, chosen per device ([`ggml_kernels::matmul::MatmulPath::for_client`]): one
+    /// tile kernel ([`ggml_kernels::launch_dequantize_matmul`]) that decodes the blocks into
+    /// workgroup memory, no dequantized copy in device memory; or rows dequantized at most
+    /// [`crate::tensor::PREFILL_SCRATCH_BYTES`] at a time into a scratch
+    /// ([`GgmlOps::ggml_dequantize_rows`]) and multiplied with the backend's matmul.
+    #[fusion(dtype = x, shape = {
+        let m = x.num_elements() / (if *transposed { *n } else { *cols }).max(1);
+        burn::tensor::Shape::new([m, if *transposed { *cols } else { *n }])
+    })]
     #[allow(clippy::too_many_arguments)]
     fn ggml_dequantize_matmul(
         w: IntTensor<Self>,
@@ -86,13 +97,8 @@ pub trait GgmlOps: burn::backend::Backend {
         n: usize,
         rows: usize,
         cols: usize,
-    ) -> FloatTensor<Self> {
-        use burn::backend::TensorMetadata;
-        let ids: Vec<u32> = (first..first + n).map(|r| r as u32).collect();
-        let ids = Self::int_from_data(burn::tensor::TensorData::new(ids, [n]), &x.device());
-        let scratch = Self::ggml_dequantize_rows(w, grid, ids, ggml_type, 0, rows, cols);
-        Self::float_matmul(x, Self::float_transpose(scratch))
-    }
+        transposed: bool,
+    ) -> FloatTensor<Self>;
 
     /// RMSNorm over the last dimension with its weight, one kernel
     /// ([`ggml_kernels::launch_rms_norm`]): `x` `[..., cols]` f32, `w` `[cols]` f32 ->
@@ -295,7 +301,7 @@ pub(crate) fn rows_cols(shape: &Shape) -> [usize; 2] {
     [shape.num_elements() / cols.max(1), cols]
 }
 
-fn empty_f32(like: &CubeTensor, shape: Shape) -> CubeTensor {
+pub(crate) fn empty_f32(like: &CubeTensor, shape: Shape) -> CubeTensor {
     let client = like.client.clone();
     let handle = client.empty(shape.num_elements() * size_of::<f32>());
     CubeTensor::new_contiguous(client, like.device.clone(), shape, handle, DType::F32)
@@ -305,73 +311,6 @@ fn empty_u32(like: &CubeTensor, shape: Shape) -> CubeTensor {
     let client = like.client.clone();
     let handle = client.empty(shape.num_elements() * size_of::<u32>());
     CubeTensor::new_contiguous(client, like.device.clone(), shape, handle, DType::U32)
-}
-
-/// The fused GEMV of [`GgmlOps::ggml_gemv`] (`glu` `None`) and [`GgmlOps::ggml_gemv_glu`]
-/// (`Some(gelu)`: `rows / 2` outputs) on a CubeCL device.
-fn gemv_op(
-    w: CubeTensor,
-    grid: CubeTensor,
-    x: CubeTensor,
-    ggml_type: GgmlType,
-    rows: usize,
-    cols: usize,
-    glu: Option<bool>,
-) -> CubeTensor {
-    assert_eq!(w.dtype, DType::U32, "ggml weights must be a U32 tensor");
-    assert_eq!(grid.dtype, DType::U32, "a ggml grid must be a U32 tensor");
-    assert_eq!(x.dtype, DType::F32, "the ggml GEMV takes f32 activations");
-    let x = burn_cubecl::kernel::into_contiguous(x);
-    let m = x.meta.shape().num_elements() / cols.max(1);
-    let out = if glu.is_some() { rows / 2 } else { rows };
-    let y = empty_f32(&x, Shape::new([m, out]));
-    let config = GemvConfig::for_client(&x.client);
-    let client = x.client.clone();
-    let launch = GemvLaunch {
-        pass_rows: None,
-        glu,
-    };
-    // Passes of at most MAX_GEMV_ROWS rows over views of x and y (the caller checked that
-    // every pass starts at an aligned offset: `gemv_passes_fit`).
-    let (w, grid) = (w.into_buffer_arg(), grid.into_buffer_arg());
-    let arg = |b: &BufferArg| match b {
-        // SAFETY: the same buffer, with the length it was given.
-        BufferArg::Handle { handle } => unsafe {
-            BufferArg::from_raw_parts_binding(handle.handle.clone(), b.len())
-        },
-        BufferArg::Alias { .. } => unreachable!("a tensor's buffer is not an alias"),
-    };
-    for start in (0..m).step_by(MAX_GEMV_ROWS) {
-        let len = MAX_GEMV_ROWS.min(m - start);
-        let view = |t: &CubeTensor, width: usize| {
-            let bytes = (start * width * size_of::<f32>()) as u64;
-            // SAFETY: rows start..start + len of a contiguous [m, width] f32 buffer.
-            unsafe { BufferArg::from_raw_parts(t.handle.clone().offset_start(bytes), len * width) }
-        };
-        ggml_kernels::launch_gemv_with(
-            &client,
-            ggml_type,
-            arg(&w),
-            arg(&grid),
-            view(&x, cols),
-            view(&y, out),
-            rows,
-            cols,
-            config,
-            launch,
-        )
-        .unwrap_or_else(|e| panic!("ggml GEMV: {e}"));
-    }
-    y
-}
-
-/// Whether [`GgmlOps::ggml_gemv`] can take `m` activation rows of `cols` into `out` outputs in
-/// passes of [`MAX_GEMV_ROWS`] over views of its buffers: one pass, or every pass's first row
-/// of `x` and `y` at a multiple of the device's buffer-offset alignment (`align` bytes).
-pub(crate) fn gemv_passes_fit(m: usize, cols: usize, out: usize, align: u64) -> bool {
-    let pass = |width: usize| (MAX_GEMV_ROWS * width * size_of::<f32>()) as u64;
-    m <= MAX_GEMV_ROWS
-        || (align > 0 && pass(cols).is_multiple_of(align) && pass(out).is_multiple_of(align))
 }
 
 impl GgmlOps for CubeBackend {
@@ -427,6 +366,20 @@ impl GgmlOps for CubeBackend {
         )
         .unwrap_or_else(|e| panic!("ggml_dequantize_rows: {e}"));
         out
+    }
+
+    fn ggml_dequantize_matmul(
+        w: CubeTensor,
+        grid: CubeTensor,
+        x: CubeTensor,
+        ggml_type: GgmlType,
+        first: usize,
+        n: usize,
+        rows: usize,
+        cols: usize,
+        transposed: bool,
+    ) -> CubeTensor {
+        dequantize_matmul_op(w, grid, x, ggml_type, first, n, rows, cols, transposed)
     }
 
     fn ggml_rms_norm(x: CubeTensor, w: CubeTensor, eps: f32) -> CubeTensor {
