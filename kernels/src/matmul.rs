@@ -107,6 +107,16 @@ impl MatmulPath {
         PATH_OVERRIDE.store(v, Ordering::Relaxed);
     }
 
+    /// Makes the tile kernel run both products in this process, unless
+    /// [`MatmulPath::set_override`] or `BURN_GGUF_MATMUL_PATH` already chose: the choice for a
+    /// process that trains (`burn-gguf finetune`), measured faster for training than the
+    /// default (see [`MatmulPath::for_client`]).
+    pub fn prefer_tile_for_training() {
+        if Self::overridden().is_none() && ENV_PATH.get_or_init(Self::from_env).is_none() {
+            Self::set_override(Some(MatmulPath::Tile));
+        }
+    }
+
     /// The path [`MatmulPath::set_override`] last chose, if any.
     pub fn overridden() -> Option<MatmulPath> {
         match PATH_OVERRIDE.load(Ordering::Relaxed) {

@@ -472,16 +472,8 @@ impl Weight {
         match self {
             Weight::Packed(t) => t.row_chunks(),
             Weight::Dense(w) => {
-                let chunk = crate::tensor::prefill_chunk_rows(w.shape[1]);
-                w.parts
-                    .iter()
-                    .flat_map(|(start, t)| {
-                        let rows = t.dims()[0];
-                        (0..rows)
-                            .step_by(chunk)
-                            .map(move |s| (start + s, chunk.min(rows - s)))
-                    })
-                    .collect()
+                let parts = w.parts.iter().map(|(start, t)| (*start, t.dims()[0]));
+                crate::tensor::row_chunks_of(parts, w.shape[1])
             }
         }
     }

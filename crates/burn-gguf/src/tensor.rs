@@ -267,8 +267,9 @@ impl GgmlTensor {
 
     /// `x W^T`: `x` `[m, cols]` f32 -> `[m, rows]` f32. Up to [`GEMV_BATCH_ROWS`] rows use the
     /// fused GEMV, in passes of [`MAX_GEMV_ROWS`] rows (each reads the weight once); more rows
-    /// (prefill) dequantize at most [`PREFILL_SCRATCH_BYTES`] of weight rows at a time into a
-    /// scratch tensor and use Burn's matmul. On an autodiff device the GEMV takes at most
+    /// (prefill) take [`GgmlOps::ggml_dequantize_matmul`] (the tile kernel, or at most
+    /// [`PREFILL_SCRATCH_BYTES`] of weight rows dequantized at a time and Burn's matmul). On an
+    /// autodiff device the GEMV takes at most
     /// [`MAX_GEMV_ROWS`] rows (one pass). Either way the blocks get no gradient and `x` gets
     /// `dy W` ([`crate::autodiff`]).
     ///
@@ -314,25 +315,10 @@ impl GgmlTensor {
                 })
                 .collect()
         } else {
-            let chunk_rows = prefill_chunk_rows(cols);
-            let mut outs = Vec::new();
-            for p in &self.parts {
-                for start in (0..p.rows).step_by(chunk_rows) {
-                    let n = chunk_rows.min(p.rows - start);
-                    outs.push(Tensor::from_dispatch(Dispatch::ggml_dequantize_matmul(
-                        p.words.clone().into_dispatch(),
-                        self.grid.clone().into_dispatch(),
-                        x.clone().into_dispatch(),
-                        self.ggml_type,
-                        start,
-                        n,
-                        p.rows,
-                        cols,
-                        false,
-                    )));
-                }
-            }
-            outs
+            // One product per buffer; the op bounds its own scratch where it needs one.
+            (self.parts.iter())
+                .map(|p| self.matmul_t_part(x.clone(), p, 0, p.rows))
+                .collect()
         };
         if outs.len() == 1 {
             outs.into_iter().next().unwrap()
@@ -383,20 +369,13 @@ impl GgmlTensor {
     /// and at most [`PREFILL_SCRATCH_BYTES`] of f32 once dequantized: the pieces of
     /// [`Self::matmul_t_rows`] (a large vocabulary's output head, a piece at a time).
     pub fn row_chunks(&self) -> Vec<(usize, usize)> {
-        let chunk = prefill_chunk_rows(self.shape[1]);
-        self.parts
-            .iter()
-            .flat_map(|p| {
-                (0..p.rows)
-                    .step_by(chunk)
-                    .map(move |s| (p.row_start + s, chunk.min(p.rows - s)))
-            })
-            .collect()
+        let parts = self.parts.iter().map(|p| (p.row_start, p.rows));
+        row_chunks_of(parts, self.shape[1])
     }
 
-    /// `x W[first..first + n]^T`: `x` `[m, cols]` f32 -> `[m, n]` f32, the rows dequantized
-    /// into a scratch and multiplied ([`GgmlOps::ggml_dequantize_matmul`]; under `Autodiff`
-    /// `dx` comes from the blocks again, nothing is kept).
+    /// `x W[first..first + n]^T`: `x` `[m, cols]` f32 -> `[m, n]` f32, one
+    /// [`GgmlOps::ggml_dequantize_matmul`] (under `Autodiff`, `dx` comes from the blocks again:
+    /// nothing is kept).
     ///
     /// # Panics
     /// If the rows are not within one of [`Self::row_chunks`]'s buffers or `x`'s last dimension
@@ -415,15 +394,20 @@ impl GgmlTensor {
             .find(|p| (p.row_start..p.row_start + p.rows).contains(&first))
             .filter(|p| first + n <= p.row_start + p.rows && n > 0)
             .unwrap_or_else(|| panic!("rows {first}..{} span buffers", first + n));
+        self.matmul_t_part(x, p, first - p.row_start, n)
+    }
+
+    /// `x P[first..first + n]^T` over rows of one buffer `p` ([`GgmlOps::ggml_dequantize_matmul`]).
+    fn matmul_t_part(&self, x: Tensor<2>, p: &Part, first: usize, n: usize) -> Tensor<2> {
         Tensor::from_dispatch(Dispatch::ggml_dequantize_matmul(
             p.words.clone().into_dispatch(),
             self.grid.clone().into_dispatch(),
             x.into_dispatch(),
             self.ggml_type,
-            first - p.row_start,
+            first,
             n,
             p.rows,
-            cols,
+            self.shape[1],
             false,
         ))
     }
@@ -503,6 +487,22 @@ impl GgmlTensor {
 /// [`PREFILL_SCRATCH_BYTES`] of f32, at least one row.
 pub(crate) fn prefill_chunk_rows(cols: usize) -> usize {
     (PREFILL_SCRATCH_BYTES / (cols.max(1) * size_of::<f32>())).max(1)
+}
+
+/// Row ranges `(first, n)` covering buffers of `(row_start, rows)` rows of `cols` values in
+/// order, each within one buffer and at most [`prefill_chunk_rows`] long.
+pub(crate) fn row_chunks_of(
+    parts: impl Iterator<Item = (usize, usize)>,
+    cols: usize,
+) -> Vec<(usize, usize)> {
+    let chunk = prefill_chunk_rows(cols);
+    parts
+        .flat_map(|(row_start, rows)| {
+            (0..rows)
+                .step_by(chunk)
+                .map(move |s| (row_start + s, chunk.min(rows - s)))
+        })
+        .collect()
 }
 
 /// `x` `[m, cols]` in passes of at most [`MAX_GEMV_ROWS`] rows.

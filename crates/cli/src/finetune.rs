@@ -65,9 +65,7 @@ pub fn read_examples(
 /// a non-finite loss (the last checkpoint stays as written).
 pub fn finetune(model_path: &Path, opts: &FinetuneOptions) -> Result<(), String> {
     let t0 = Instant::now();
-    if std::env::var_os("BURN_GGUF_MATMUL_PATH").is_none() {
-        MatmulPath::set_override(Some(MatmulPath::Tile));
-    }
+    MatmulPath::prefer_tile_for_training();
     let file =
         gguf::GgufFile::open(model_path).map_err(|e| format!("{}: {e}", model_path.display()))?;
     let tokenizer = GgufTokenizer::from_gguf(&file).map_err(|e| e.to_string())?;

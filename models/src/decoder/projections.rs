@@ -1,7 +1,7 @@
 //! A layer's projections and the LoRA updates added to them: Q, K and V ([`Qkv`]) and a dense
 //! FFN's gate and up ([`GateUp`]), each stacked into one packed weight where the types allow,
 //! and [`LayerLora`], the adapters of a pass as one layer sees them.
-use super::expect;
+use super::load::expect;
 use crate::Error;
 use crate::config::DecoderConfig;
 use crate::lora::DecoderLora;

@@ -130,9 +130,7 @@ fn train(path: &Path, dequantize: bool, steps: usize) -> Result<Value, String> {
 pub(super) fn run(model: Option<PathBuf>, steps: usize) -> Result<Value, String> {
     let path = model.ok_or("no model: pass --model or fetch gemma3-270m")?;
     // The path `burn-gguf finetune` takes, unless `--matmul-path` chose one.
-    if MatmulPath::overridden().is_none() && std::env::var_os("BURN_GGUF_MATMUL_PATH").is_none() {
-        MatmulPath::set_override(Some(MatmulPath::Tile));
-    }
+    MatmulPath::prefer_tile_for_training();
     let client = burn_gguf::cube_client(&burn_gguf::default_device())
         .ok_or("the default device is not a CubeCL device")?;
     let matmul_path = format!(
