@@ -28,21 +28,19 @@ pub const ATTENTION_UNITS: u32 = 64;
 pub const ATTENTION_MAX_HEADS: usize = 8;
 
 /// Lanes per key in `attention()`'s scores: the device's plane width where it is fixed, a
-/// power of two from 2 to [`ATTENTION_UNITS`], and the device runs plane ops (lavapipe does,
-/// though CubeCL does not list them for CPU devices, as for the GEMV's plane variants); else 1
-/// (a key per unit).
+/// power of two from 2 to [`ATTENTION_UNITS`], and the device runs plane ops
+/// ([`crate::plane_ops`]); else 1 (a key per unit).
 pub fn attention_lanes(client: &Client) -> u32 {
     let hw = &client.properties().hardware;
     let width = hw.plane_size_max;
     let fixed = hw.plane_size_min == width
         && width.is_power_of_two()
         && (2..=ATTENTION_UNITS).contains(&width);
-    let ops = crate::is_software_device(client)
-        || client
-            .features()
-            .plane
-            .contains(cubecl::features::Plane::Ops);
-    if fixed && ops { width } else { 1 }
+    if fixed && crate::plane_ops(client) {
+        width
+    } else {
+        1
+    }
 }
 
 /// Query heads one cube of `attention()` takes for `rep` query heads per KV head: the largest

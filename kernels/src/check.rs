@@ -12,9 +12,13 @@ use gguf::GgmlType;
 pub mod attention;
 pub mod delta_net;
 pub mod moe;
+pub mod norm;
 pub mod top_k;
-pub use attention::{ATTENTION_TOL, AttentionCase, attention_cases, attention_error};
+pub use attention::{
+    ATTENTION_TOL, AttentionCase, attention_cases, attention_error, attention_error_async,
+};
 pub use delta_net::{DELTA_NET_TOL, DeltaNetCase, delta_net_cases, delta_net_error};
+pub use norm::{NORM_TOL, norm_cases, rms_norm_error, rms_norm_error_async};
 pub use moe::{GemvIdCase, ROUTE_TOL, gemv_id_error, route_cases, route_error, route_input};
 pub use top_k::{top_k_cases, top_k_error, top_k_input, top_k_mismatches};
 
@@ -40,12 +44,63 @@ pub fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// `rows` x `cols` weights of `ty` for a kernel check, deterministic in `seed`: the codec's
+/// quantization of [`rand_f32`] values where it has a quantizer, else pseudo-random blocks
+/// that decode to finite values below 1e30 (the IQ codebook types, whose quantizers need an
+/// importance matrix).
+///
+/// # Errors
+/// A codec error, or a type with no finite random block in 1,000 tries.
+pub fn input_blocks(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Result<Vec<u8>, String> {
+    if ggml_codec::supports_quantize(ty) {
+        return ggml_codec::quantize(ty, &rand_f32(rows * cols, seed)).map_err(|e| e.to_string());
+    }
+    let (be, bb) = (ty.block_size(), ty.type_size());
+    let blocks = rows * cols / be;
+    let mut out = Vec::with_capacity(blocks * bb);
+    let mut state = seed | 1;
+    let mut vals = vec![0f32; be];
+    for _ in 0..blocks {
+        for attempt in 0.. {
+            let block: Vec<u8> = (0..bb)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 24) as u8
+                })
+                .collect();
+            ggml_codec::dequantize(ty, &block, &mut vals).map_err(|e| e.to_string())?;
+            if vals.iter().all(|v| v.is_finite() && v.abs() < 1e30) {
+                out.extend_from_slice(&block);
+                break;
+            }
+            if attempt > 1000 {
+                return Err(format!("{ty}: no finite random block found"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reads `h` back as f32, awaiting the device (a browser's thread cannot block on it).
+async fn read_f32_async(
+    client: &Client,
+    h: cubecl::server::Handle,
+) -> Result<Vec<f32>, KernelError> {
+    let mut bytes = client
+        .read_async(vec![h])
+        .await
+        .map_err(|e| KernelError::Shape {
+            op: "read-back",
+            reason: format!("{e:?}"),
+        })?;
+    Ok(f32::from_bytes(&bytes.remove(0)).to_vec())
+}
+
+/// [`read_f32_async`], blocking (native).
 fn read_f32(client: &Client, h: cubecl::server::Handle) -> Result<Vec<f32>, KernelError> {
-    let bytes = client.read_one(h).map_err(|e| KernelError::Shape {
-        op: "read-back",
-        reason: format!("{e:?}"),
-    })?;
-    Ok(f32::from_bytes(&bytes).to_vec())
+    cubecl::future::block_on(read_f32_async(client, h))
 }
 
 /// Runs the fused GEMV `config` with the choices of `launch` (pass width, gated-activation
@@ -59,6 +114,27 @@ fn read_f32(client: &Client, h: cubecl::server::Handle) -> Result<Vec<f32>, Kern
 /// Launch errors (unsupported type, shapes) or a failed read-back.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_error(
+    client: &Client,
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    config: GemvConfig,
+    launch: GemvLaunch,
+    x: &[f32],
+    reference: &[f32],
+) -> Result<f64, KernelError> {
+    cubecl::future::block_on(gemv_error_async(
+        client, ty, bytes, rows, cols, config, launch, x, reference,
+    ))
+}
+
+/// [`gemv_error`] awaiting the read-back (the browser's kernel checks).
+///
+/// # Errors
+/// As [`gemv_error`].
+#[allow(clippy::too_many_arguments)]
+pub async fn gemv_error_async(
     client: &Client,
     ty: GgmlType,
     bytes: &[u8],
@@ -87,7 +163,7 @@ pub fn gemv_error(
         )
     };
     launch_gemv_with(client, ty, wa, ga, xa, ya, rows, cols, config, launch)?;
-    let y = read_f32(client, yh)?;
+    let y = read_f32_async(client, yh).await?;
     Ok(match launch.glu {
         Some(gelu) => gemv_glu_error_of(&y, x, reference, rows, cols, gelu),
         None => gemv_error_of(&y, x, reference, rows, cols),
@@ -183,6 +259,23 @@ pub fn dequantize_error(
     cols: usize,
     reference: &[f32],
 ) -> Result<f64, KernelError> {
+    cubecl::future::block_on(dequantize_error_async(
+        client, ty, bytes, rows, cols, reference,
+    ))
+}
+
+/// [`dequantize_error`] awaiting the read-back (the browser's kernel checks).
+///
+/// # Errors
+/// As [`dequantize_error`].
+pub async fn dequantize_error_async(
+    client: &Client,
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    reference: &[f32],
+) -> Result<f64, KernelError> {
     let words = words_for_bytes(bytes);
     let ids: Vec<u32> = (0..rows as u32).collect();
     let w = client.create_from_slice(u32::as_bytes(&words));
@@ -200,7 +293,7 @@ pub fn dequantize_error(
         )
     };
     launch_dequantize_rows(client, ty, wa, ga, ia, oa, 0, rows, cols)?;
-    let y = read_f32(client, oh)?;
+    let y = read_f32_async(client, oh).await?;
     let scale = reference
         .iter()
         .fold(0f64, |m, v| m.max(v.abs() as f64))

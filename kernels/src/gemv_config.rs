@@ -1,6 +1,8 @@
 //! [`GemvConfig`]: how a GEMV launch maps units onto rows, which variant each device gets,
 //! and the pass widths (shaders) of each.
-use crate::{MAX_GEMV_ROWS, MAX_OWN_ROWS_PLANE, gemv, is_software_device, shared_memory_ok};
+use crate::{
+    MAX_GEMV_ROWS, MAX_OWN_ROWS_PLANE, gemv, is_software_device, plane_ops, shared_memory_ok,
+};
 use cubecl::client::Client;
 use cubecl::features::Plane;
 use cubecl::prelude::*;
@@ -41,8 +43,8 @@ impl GemvConfig {
     /// - a software device (no physical card, e.g. lavapipe):
     ///   [`GemvConfig::OwnRows`] with 8 rows per unit, sharing activations across a plane
     ///   when the device's plane width is fixed and at most [`MAX_OWN_ROWS_PLANE`] (lavapipe
-    ///   on AVX2: 8, its SIMD width). CubeCL does not list plane ops for CPU devices, but
-    ///   lavapipe runs them (`cargo xtask kernel-test` checks the variant on the device);
+    ///   on AVX2: 8, its SIMD width) and it runs plane ops ([`plane_ops`]: lavapipe does,
+    ///   a browser's SwiftShader does not);
     /// - a GPU with plane ops and a fixed plane width (a power of two up to 32): a plane per
     ///   row with a plane sum;
     /// - otherwise 8 lanes per row with a shared-memory reduction, except on CubeCL's SPIR-V
@@ -55,7 +57,7 @@ impl GemvConfig {
             && hw.plane_size_max <= 32;
         if is_software_device(client) {
             let width = hw.plane_size_max;
-            if fixed && (2..=MAX_OWN_ROWS_PLANE).contains(&width) {
+            if fixed && (2..=MAX_OWN_ROWS_PLANE).contains(&width) && plane_ops(client) {
                 GemvConfig::OwnRows {
                     rows_per_unit: 8,
                     lanes: width,

@@ -15,13 +15,15 @@ use cubecl::prelude::*;
 /// - `qk` `[n, qk_stride]`: query heads at columns `0..n_head * 2 * half`, key heads from
 ///   column `k_off`; `v` `[n, v_stride]`: value heads from column `v_off` (`qk` and `v` may be
 ///   the same buffer: one projection of Q, K and V together).
-/// - With `norm`, query and key heads are RMS-normalised with `q_norm` / `k_norm`
-///   (`[2 * half]` each): `x * (1 / sqrt(mean(x^2) + eps)) * w`, ggml's order.
+/// - With `norm`, query and key heads are RMS-normalised with `norms` (`[2, 2 * half]`: the
+///   query weights, then the key weights): `x * (1 / sqrt(mean(x^2) + eps)) * w`, ggml's
+///   order.
 /// - Token `t` is at slot `rows[2t]`, position `p = rows[2t + 1]`; a token with a slot not
 ///   below `slots` or a position not below `positions` (at most the cache's capacity and the
 ///   tables' rows) is skipped.
-/// - RoPE of position `p` on the first `2 * rot_half` values of each head from `cos` / `sin`
-///   (`[positions, rot_half]`: row `p` holds the angles of position `p`); `neox` pairs
+/// - RoPE of position `p` on the first `2 * rot_half` values of each head from `table`: the
+///   cosines `[positions, rot_half]` from 0 and the sines from `sin_off` (row `p` holds the
+///   angles of position `p`); `neox` pairs
 ///   `(i, i + rot_half)`, otherwise `(2i, 2i + 1)`; the values past `2 * rot_half` are copied
 ///   (llama.cpp `rope_ext` with `n_dims` < `ne0`: Qwen3.5's partial rotary).
 /// - Queries go to `q_out` `[n, n_head, 2 * half]`; keys and values to `k_cache` /
@@ -31,10 +33,8 @@ use cubecl::prelude::*;
 pub(crate) fn qk_rope_cache(
     qk: &[f32],
     v: &[f32],
-    q_norm: &[f32],
-    k_norm: &[f32],
-    cos: &[f32],
-    sin: &[f32],
+    norms: &[f32],
+    table: &[f32],
     rows: &[u32],
     q_out: &mut [f32],
     k_cache: &mut [f32],
@@ -51,6 +51,7 @@ pub(crate) fn qk_rope_cache(
     slots: u32,
     capacity: u32,
     positions: u32,
+    sin_off: u32,
     eps: f32,
     #[comptime] norm: bool,
     #[comptime] neox: bool,
@@ -101,13 +102,13 @@ pub(crate) fn qk_rope_cache(
                 let mut x1 = qk[(src + a) as usize];
                 let mut x2 = qk[(src + b) as usize];
                 if comptime!(norm) {
-                    let wa = select(is_q, q_norm[a as usize], k_norm[a as usize]);
-                    let wb = select(is_q, q_norm[b as usize], k_norm[b as usize]);
+                    let wa = norms[(select(is_q, 0, hd) + a) as usize];
+                    let wb = norms[(select(is_q, 0, hd) + b) as usize];
                     x1 = x1 * inv * wa;
                     x2 = x2 * inv * wb;
                 }
-                let c = cos[(pos * rot_half + i) as usize];
-                let s = sin[(pos * rot_half + i) as usize];
+                let c = table[(pos * rot_half + i) as usize];
+                let s = table[(sin_off + pos * rot_half + i) as usize];
                 let y1 = x1 * c - x2 * s;
                 let y2 = x1 * s + x2 * c;
                 if is_q {
@@ -124,7 +125,7 @@ pub(crate) fn qk_rope_cache(
             for d in 2 * rot_half..hd {
                 let mut x = qk[(src + d) as usize];
                 if comptime!(norm) {
-                    x = x * inv * select(is_q, q_norm[d as usize], k_norm[d as usize]);
+                    x = x * inv * norms[(select(is_q, 0, hd) + d) as usize];
                 }
                 if is_q {
                     q_out[((t * n_head + j) * hd + d) as usize] = x;
@@ -167,11 +168,16 @@ pub struct QkRopeShape {
     pub positions: usize,
 }
 
-/// Normalises (with `norm`: `q_norm`, `k_norm` `[head_dim]`, `eps`), rotates and stores one
+/// Normalises (with `norm`: `norms` `[2, head_dim]`, the query weights then the key weights,
+/// and `eps`), rotates and stores one
 /// step's heads, `qk_rope_cache()`: queries of `qk` to `q_out` `[n, n_head, head_dim]`, keys
 /// of `qk` and values of `v` into `k_cache` / `v_cache` `[slots * n_head_kv, capacity,
-/// head_dim]` at each token's slot and position (`rows` `[n, 2]` u32). `cos` / `sin`:
-/// `[positions, rope_dims / 2]` f32. Without `norm`, `q_norm` and `k_norm` are not read.
+/// head_dim]` at each token's slot and position (`rows` `[n, 2]` u32). `table`: `[2, rows,
+/// rope_dims / 2]` f32, cosines then sines of at least `positions` rows (its second half
+/// starts the sines). Without `norm`, `norms` is not read.
+///
+/// Nine buffers (ten bindings with CubeCL's own): within the 10 storage buffers per stage
+/// browsers' WebGPU devices offer.
 ///
 /// # Errors
 /// An odd `head_dim` or `rope_dims`, `rope_dims` past `head_dim`, heads that do not fit their strides, `positions` past `capacity`, a
@@ -181,10 +187,8 @@ pub fn launch_qk_rope_cache(
     client: &Client,
     qk: BufferArg,
     v: BufferArg,
-    q_norm: BufferArg,
-    k_norm: BufferArg,
-    cos: BufferArg,
-    sin: BufferArg,
+    norms: BufferArg,
+    table: BufferArg,
     rows: BufferArg,
     q_out: BufferArg,
     k_cache: BufferArg,
@@ -255,26 +259,30 @@ pub fn launch_qk_rope_cache(
         || q_out.len() < q_len
         || k_cache.len() < cache_len
         || v_cache.len() < cache_len
-        || cos.len() < table_len
-        || sin.len() < table_len
-        || q_norm.len() < norm_len
-        || k_norm.len() < norm_len
+        || table.len() / 2 < table_len
+        || norms.len() < 2 * norm_len
     {
         return Err(crate::shape_err(
             OP,
             format!(
-                "{s:?}: buffers of qk {}, v {}, q_out {}, caches {}/{}, tables {}/{}, norms \
-                 {}/{} values are too short",
+                "{s:?}: buffers of qk {}, v {}, q_out {}, caches {}/{}, table {}, norms {} \
+                 values are too short",
                 qk.len(),
                 v.len(),
                 q_out.len(),
                 k_cache.len(),
                 v_cache.len(),
-                cos.len(),
-                sin.len(),
-                q_norm.len(),
-                k_norm.len()
+                table.len(),
+                norms.len()
             ),
+        ));
+    }
+    // The sines start half-way through the table.
+    let sin_off = table.len() / 2;
+    if table.len() > u32::MAX as usize {
+        return Err(crate::shape_err(
+            OP,
+            format!("a table of {} values: past u32", table.len()),
         ));
     }
     let units = s.n * (s.n_head + 2 * s.n_head_kv);
@@ -287,7 +295,8 @@ pub fn launch_qk_rope_cache(
     // SAFETY: units past the last head row, and tokens whose slot or position is out of
     // range, do nothing; every index is below the lengths checked above (rows below 2n, query
     // heads below q_len, cache rows below slots * n_head_kv * capacity, table rows below
-    // positions, projection columns below their strides, norm weights below head_dim).
+    // positions in each half of the table, projection columns below their strides, norm
+    // weights below 2 * head_dim).
     unsafe {
         qk_rope_cache::launch_unchecked(
             client,
@@ -295,10 +304,8 @@ pub fn launch_qk_rope_cache(
             CubeDim::new_1d(per_cube),
             qk,
             v,
-            q_norm,
-            k_norm,
-            cos,
-            sin,
+            norms,
+            table,
             rows,
             q_out,
             k_cache,
@@ -315,6 +322,7 @@ pub fn launch_qk_rope_cache(
             s.slots as u32,
             s.capacity as u32,
             s.positions as u32,
+            sin_off as u32,
             norm.unwrap_or(0.0),
             norm.is_some(),
             neox,

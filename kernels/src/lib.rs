@@ -290,6 +290,20 @@ pub fn is_software_device(client: &Client) -> bool {
     client.properties().identity.physical.is_none()
 }
 
+/// Whether `client`'s device runs plane (subgroup) operations: CubeCL lists them, or the device
+/// is a native software one (lavapipe runs them, though CubeCL does not list plane ops for CPU
+/// devices; `cargo xtask kernel-test` checks the plane variants there). Never in a browser
+/// unless CubeCL lists them: WebGPU compiles subgroup operations only on a device created
+/// with its `subgroups` feature, which wgpu 30's WebGPU backend does not request, whatever the
+/// adapter (SwiftShader's included) offers.
+pub fn plane_ops(client: &Client) -> bool {
+    client
+        .features()
+        .plane
+        .contains(cubecl::features::Plane::Ops)
+        || (cfg!(not(target_family = "wasm")) && is_software_device(client))
+}
+
 /// Whether kernels with workgroup shared memory are valid on `client`'s compiler: not on CubeCL
 /// 0.11.3's SPIR-V path (runtime `wgpu<spirv>`), whose shared-memory modules fail `spirv-val`
 /// (`cargo xtask kernel-gen --target spirv` shows which).

@@ -4,7 +4,8 @@ use crate::Error;
 use crate::sampling::Sampler;
 use crate::tokenizer::GgufTokenizer;
 use burn::tensor::Tensor;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use web_time::Instant;
 
 /// A causal language model that generation can drive.
 pub trait CausalLm {
@@ -145,11 +146,21 @@ impl SampleFrom {
 /// greedy takes the argmax on the device (one id read back); otherwise it draws from where
 /// [`SampleFrom::for_device`] says, the same token either way (see [`sample_from`]).
 ///
+/// Blocks on the read-back: on wasm use [`next_token_async`].
+///
 /// # Errors
 /// A failed device read-back.
 pub fn next_token(logits: Tensor<2>, sampler: &mut Sampler) -> Result<u32, Error> {
+    read_now(next_token_async(logits, sampler))
+}
+
+/// [`next_token`] awaiting the read-back instead of blocking on it (the browser's way).
+///
+/// # Errors
+/// A failed device read-back.
+pub async fn next_token_async(logits: Tensor<2>, sampler: &mut Sampler) -> Result<u32, Error> {
     let from = SampleFrom::for_device(&logits.device());
-    sample_from(logits, sampler, from)
+    sample_from_async(logits, sampler, from).await
 }
 
 /// [`next_token`] with the place to draw from given: greedy takes the argmax on the device (one
@@ -158,9 +169,23 @@ pub fn next_token(logits: Tensor<2>, sampler: &mut Sampler) -> Result<u32, Error
 /// ([`Sampler::sample_candidates`], the same token as from the whole row); else the row is read
 /// back for [`Sampler::sample`].
 ///
+/// Blocks on the read-back: on wasm use [`sample_from_async`].
+///
 /// # Errors
 /// A failed device read-back.
 pub fn sample_from(
+    logits: Tensor<2>,
+    sampler: &mut Sampler,
+    from: SampleFrom,
+) -> Result<u32, Error> {
+    read_now(sample_from_async(logits, sampler, from))
+}
+
+/// [`sample_from`] awaiting its read-backs instead of blocking on them.
+///
+/// # Errors
+/// A failed device read-back.
+pub async fn sample_from_async(
     logits: Tensor<2>,
     sampler: &mut Sampler,
     from: SampleFrom,
@@ -170,7 +195,7 @@ pub fn sample_from(
     }
     let config = sampler.config();
     if config.is_greedy() {
-        let data = logits.argmax(1).try_into_data().map_err(read)?;
+        let data = logits.argmax(1).into_data_async().await.map_err(read)?;
         let id = data
             .iter::<i64>()
             .next()
@@ -183,8 +208,8 @@ pub fn sample_from(
         && logits.dims()[1] > 1
     {
         let (values, ids) = burn_gguf::top_k(logits.clone(), k);
-        let values = values.try_into_data().map_err(read)?;
-        let ids = ids.try_into_data().map_err(read)?;
+        let values = values.into_data_async().await.map_err(read)?;
+        let ids = ids.into_data_async().await.map_err(read)?;
         let candidates: Vec<(f32, u32)> = values
             .iter::<f32>()
             .zip(ids.iter::<i64>())
@@ -197,16 +222,32 @@ pub fn sample_from(
         // No finite logit: the host sampler's rule for that, from the row.
     }
     let row = logits
-        .try_into_data()
+        .into_data_async()
+        .await
         .map_err(read)?
         .try_to_vec::<f32>()
         .map_err(read)?;
     Ok(sampler.sample(&row))
 }
 
+/// Runs a future of device read-backs to its end on this thread, as Burn's blocking
+/// `into_data` does: natively it blocks; on wasm, where a thread cannot wait for the GPU, it
+/// fails unless the future is ready at once (call the `_async` function there).
+fn read_now<T>(f: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    burn::tensor::try_read_sync(f).unwrap_or_else(|| {
+        Err(Error::Device(
+            "a blocking device read-back is not possible on this platform (wasm): \
+             use the _async function"
+                .into(),
+        ))
+    })
+}
+
 /// Generates up to `max_new` tokens after `prompt` (encoded with the tokenizer's BOS rule),
 /// calling `on_text` with each new piece of text as soon as it is complete UTF-8. Stops early at
 /// an end-of-generation token.
+///
+/// Blocks on each token's read-back: on wasm use [`generate_async`].
 ///
 /// # Errors
 /// Tokenizer, model or device errors.
@@ -218,9 +259,27 @@ pub fn generate<M: CausalLm>(
     sampler: &mut Sampler,
     on_text: impl FnMut(&str),
 ) -> Result<Generation, Error> {
+    read_now(generate_async(
+        model, tokenizer, prompt, max_new, sampler, on_text,
+    ))
+}
+
+/// [`generate`] awaiting each token's read-back instead of blocking on it: the browser's way,
+/// where the page's thread (or a worker's) must return to its event loop while the GPU works.
+///
+/// # Errors
+/// Tokenizer, model or device errors.
+pub async fn generate_async<M: CausalLm>(
+    model: &M,
+    tokenizer: &GgufTokenizer,
+    prompt: &str,
+    max_new: usize,
+    sampler: &mut Sampler,
+    on_text: impl FnMut(&str),
+) -> Result<Generation, Error> {
     let prompt_ids = tokenizer.encode(prompt, true)?;
     let mut session = Session::new(model);
-    generate_ids(
+    generate_ids_async(
         model,
         tokenizer,
         &mut session,
@@ -229,6 +288,7 @@ pub fn generate<M: CausalLm>(
         sampler,
         on_text,
     )
+    .await
 }
 
 /// [`generate`] from token ids in a [`Session`]: the longest prefix of `prompt_ids` already in
@@ -236,9 +296,29 @@ pub fn generate<M: CausalLm>(
 /// previous prompt at most: its checkpoint), the rest is prefilled (`timings.prompt_tokens`
 /// counts those). Afterwards the session holds `prompt_ids` and the generated tokens fed back.
 ///
+/// Blocks on each token's read-back: on wasm use [`generate_ids_async`].
+///
 /// # Errors
 /// An empty prompt; tokenizer, model or device errors.
 pub fn generate_ids<M: CausalLm>(
+    model: &M,
+    tokenizer: &GgufTokenizer,
+    session: &mut Session<M::Cache>,
+    prompt_ids: Vec<u32>,
+    max_new: usize,
+    sampler: &mut Sampler,
+    on_text: impl FnMut(&str),
+) -> Result<Generation, Error> {
+    read_now(generate_ids_async(
+        model, tokenizer, session, prompt_ids, max_new, sampler, on_text,
+    ))
+}
+
+/// [`generate_ids`] awaiting each token's read-back instead of blocking on it.
+///
+/// # Errors
+/// An empty prompt; tokenizer, model or device errors.
+pub async fn generate_ids_async<M: CausalLm>(
     model: &M,
     tokenizer: &GgufTokenizer,
     session: &mut Session<M::Cache>,
@@ -289,7 +369,7 @@ pub fn generate_ids<M: CausalLm>(
     session.ids.extend_from_slice(&prompt_ids[reuse..]);
     // The next turn's prompt starts with this one: a recurrent state can go back here.
     model.checkpoint_cache(&mut session.cache);
-    let mut token = next_token(logits, sampler)?;
+    let mut token = next_token_async(logits, sampler).await?;
     timings.prompt_ms = ms(t0.elapsed());
     generated.push(token);
     emit(&generated, &mut text)?;
@@ -298,7 +378,7 @@ pub fn generate_ids<M: CausalLm>(
     while generated.len() < max_new && !tokenizer.is_eog(token) {
         let logits = model.forward(&[token], &mut session.cache, false)?;
         session.ids.push(token);
-        token = next_token(logits, sampler)?;
+        token = next_token_async(logits, sampler).await?;
         generated.push(token);
         timings.decode_tokens += 1;
         emit(&generated, &mut text)?;

@@ -34,7 +34,10 @@ pub mod tokenizer;
 pub use chat::{ChatTemplate, Message};
 pub use config::{ARCHITECTURES, DecoderConfig, DeltaNet, Moe, SlidingWindow};
 pub use decoder::{Activation, Decoder, RopeStyle, rms_norm};
-pub use generate::{CausalLm, Generation, Session, Timings, generate, generate_ids};
+pub use generate::{
+    CausalLm, Generation, Session, Timings, generate, generate_async, generate_ids,
+    generate_ids_async,
+};
 pub use lora::{DecoderLora, LoraTarget};
 pub use sampling::{Sampler, SamplerConfig};
 pub use state::{BatchState, LayerKind, LayerState, SequenceState};

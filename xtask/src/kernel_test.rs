@@ -3,7 +3,9 @@
 //! failure.
 use burn::tensor::{Tensor, TensorData};
 use burn_gguf::GgmlTensor;
-use ggml_kernels::check::{dequantize_error, gemv_error, matmul_error, rand_f32};
+use ggml_kernels::check::{
+    dequantize_error, gemv_error, input_blocks as input, matmul_error, rand_f32,
+};
 use ggml_kernels::{GemvConfig, GemvLaunch};
 use gguf::GgmlType;
 
@@ -19,38 +21,6 @@ const GLU_TYPES: [GgmlType; 4] = [
 
 /// Blocks for `rows` x `cols` of `ty`: codec-quantized random values where a quantizer exists,
 /// else random bytes, each block redrawn until it decodes to finite values (no NaN/Inf scales).
-pub(crate) fn input(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Result<Vec<u8>, String> {
-    if ggml_codec::supports_quantize(ty) {
-        return ggml_codec::quantize(ty, &rand_f32(rows * cols, seed)).map_err(|e| e.to_string());
-    }
-    let (be, bb) = (ty.block_size(), ty.type_size());
-    let blocks = rows * cols / be;
-    let mut out = Vec::with_capacity(blocks * bb);
-    let mut state = seed | 1;
-    let mut vals = vec![0f32; be];
-    for _ in 0..blocks {
-        for attempt in 0.. {
-            let block: Vec<u8> = (0..bb)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    (state >> 24) as u8
-                })
-                .collect();
-            ggml_codec::dequantize(ty, &block, &mut vals).map_err(|e| e.to_string())?;
-            if vals.iter().all(|v| v.is_finite() && v.abs() < 1e30) {
-                out.extend_from_slice(&block);
-                break;
-            }
-            if attempt > 1000 {
-                return Err(format!("{ty}: no finite random block found"));
-            }
-        }
-    }
-    Ok(out)
-}
-
 struct Row {
     variant: String,
     shape: String,
@@ -245,6 +215,14 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
             let e = ggml_kernels::check::attention_error(&client, case, 40 + i as u64)
                 .map_err(|e| e.to_string());
             push("qk_rope_cache + attention".into(), case.label(), e);
+        }
+    }
+    // RMSNorm with its weight: no ggml type either.
+    if op.is_none_or(|o| o == "norm") && ty.is_none() {
+        for (i, (r, c)) in ggml_kernels::check::norm_cases().into_iter().enumerate() {
+            let e = ggml_kernels::check::rms_norm_error(&client, r, c, 70 + i as u64)
+                .map_err(|e| e.to_string());
+            push("rms_norm".into(), format!("{r}x{c}"), e);
         }
     }
     // The delta-net kernels (Qwen3.5's linear attention): no ggml type either.

@@ -52,9 +52,10 @@ enum Command {
         ggml_type: Option<gguf::GgmlType>,
         /// Only this op: gemv, dequantize, matmul (the tile kernel of prefill and training),
         /// big (262,144-row and over-128-MiB shapes),
-        /// attention (the KV-cache step and attention kernels), top_k, moe (routing and the
+        /// attention (the KV-cache step and attention kernels), norm (RMSNorm), delta_net, top_k,
+        /// moe (routing and the
         /// expert GEMV).
-        #[arg(long, value_parser = ["gemv", "dequantize", "matmul", "big", "attention", "delta_net", "top_k", "moe"])]
+        #[arg(long, value_parser = ["gemv", "dequantize", "matmul", "big", "attention", "norm", "delta_net", "top_k", "moe"])]
         op: Option<String>,
     },
     /// Benchmark the packed path on the wgpu device: fused GEMV per ggml type and shape (1 and 8
@@ -64,6 +65,17 @@ enum Command {
     /// Times are seconds per call (mean after one warm-up call), bandwidths 10^9 bytes/s of
     /// weights. See `xtask/src/bench.rs` for what each figure measures.
     Bench(bench::Options),
+    /// Build the browser page (web/: wasm through wasm-bindgen, the page and its worker) into a
+    /// folder of static files; serve it and open index.html (docs/web.md). Needs the
+    /// `wasm-bindgen` command at Cargo.lock's version and the wasm32-unknown-unknown target.
+    Web {
+        /// Output folder.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
+    /// Build the page and test it in Debian's headless Chromium with WebGPU: the tiny Qwen3
+    /// fixture's greedy ids against the native CLI's, the browser kernel checks, bad files.
+    WebTest(web::browser_test::Options),
     /// (For `bench`.) Load a model, prefill a short prompt, print the first token's timings as
     /// one JSON line and exit: the child process of the fresh-process first-token measurement.
     #[command(hide = true)]
@@ -76,6 +88,7 @@ enum Command {
 mod bench;
 mod kernel_gen;
 mod kernel_test;
+mod web;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -100,6 +113,8 @@ fn main() -> ExitCode {
                 n => Err(format!("{n} kernel variants failed")),
             }),
         Command::Bench(opts) => bench::run(&opts),
+        Command::Web { out } => web::build(&out),
+        Command::WebTest(opts) => web::browser_test::run(&opts),
         Command::FirstToken { model } => bench::decode::first_token_child(&model),
     };
     match result {

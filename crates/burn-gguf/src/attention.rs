@@ -16,14 +16,18 @@ pub use ggml_kernels::{AttentionShape, QkRopeShape};
 
 /// Rotary angles of positions `0..positions`: `cos` and `sin` of
 /// `p * base^(-2i / dims) / freq_factors[i]`, `[positions, dims / 2]` f32 each, computed in
-/// f64 on the host once and kept on the device. `dims` is the head size, or the rotated part
-/// of it with partial rotary (llama.cpp `rope.dimension_count`).
+/// f64 on the host once and kept on the device in one buffer (the cosines, then the sines:
+/// one binding of the KV-cache kernel, which browsers' ten storage buffers per stage
+/// require). `dims` is the head size, or the rotated part of it with partial rotary
+/// (llama.cpp `rope.dimension_count`).
 #[derive(Clone, Debug)]
 pub struct RopeTable {
-    /// `[positions, head_dim / 2]`.
+    /// `[positions, head_dim / 2]`: a view of the first half of the table.
     pub cos: Tensor<2>,
-    /// `[positions, head_dim / 2]`.
+    /// `[positions, head_dim / 2]`: a view of the second half of the table.
     pub sin: Tensor<2>,
+    /// `[2 * positions * head_dim / 2]`: `cos` then `sin`, row-major.
+    table: Tensor<1>,
 }
 
 impl RopeTable {
@@ -38,20 +42,23 @@ impl RopeTable {
         device: &Device,
     ) -> Self {
         let half = head_dim / 2;
-        let mut cos = Vec::with_capacity(positions * half);
-        let mut sin = Vec::with_capacity(positions * half);
+        let len = positions * half;
+        let mut values = vec![0f32; 2 * len];
         for p in 0..positions {
             for i in 0..half {
                 let factor = freq_factors.map_or(1.0, |f| f[i] as f64);
                 let theta = (base as f64).powf(-2.0 * i as f64 / head_dim as f64) / factor;
                 let a = p as f64 * theta;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
+                values[p * half + i] = a.cos() as f32;
+                values[len + p * half + i] = a.sin() as f32;
             }
         }
+        let table = Tensor::<1>::from_data(TensorData::new(values, [2 * len]), device);
+        let half_of = |at: usize| table.clone().narrow(0, at, len).reshape([positions, half]);
         Self {
-            cos: Tensor::from_data(TensorData::new(cos, [positions, half]), device),
-            sin: Tensor::from_data(TensorData::new(sin, [positions, half]), device),
+            cos: half_of(0),
+            sin: half_of(len),
+            table,
         }
     }
 
@@ -61,15 +68,21 @@ impl RopeTable {
     }
 }
 
-/// The per-head RMSNorm of Q and K: their weights (`[head_dim]` f32 each) and epsilon.
+/// The per-head RMSNorm of Q and K: their weights and epsilon.
 #[derive(Clone, Copy, Debug)]
 pub struct QkNorm<'a> {
-    /// `attn_q_norm`.
-    pub q: &'a Tensor<1>,
-    /// `attn_k_norm`.
-    pub k: &'a Tensor<1>,
+    /// `[2 * head_dim]` f32: `attn_q_norm`, then `attn_k_norm` (one buffer, as the KV-cache
+    /// kernel binds it: [`QkNorm::stack`] makes it).
+    pub weights: &'a Tensor<1>,
     /// `layer_norm_rms_epsilon`.
     pub eps: f32,
+}
+
+impl QkNorm<'_> {
+    /// The query and key norms' weights (`[head_dim]` each) as one `[2 * head_dim]` tensor.
+    pub fn stack(q: Tensor<1>, k: Tensor<1>) -> Tensor<1> {
+        Tensor::cat(vec![q, k], 0)
+    }
 }
 
 /// Where each token row of a forward pass sits in the KV caches: its cache slot (which
@@ -213,22 +226,17 @@ pub fn qk_rope_cache(
         rows.rows()
     );
     if is_cube(&qk.device()) {
-        // Unused placeholders when there is no norm: the kernel does not read them.
-        let (qn, kn, eps) = match norm {
-            Some(QkNorm { q, k, eps }) => (q.clone(), k.clone(), Some(eps)),
-            None => {
-                let len = table.cos.dims().iter().product::<usize>();
-                let flat = |t: &Tensor<2>| t.clone().reshape([len]);
-                (flat(&table.cos), flat(&table.sin), None)
-            }
+        // The table as an unused placeholder when there is no norm: the kernel does not read
+        // the norms then.
+        let (norms, eps) = match norm {
+            Some(QkNorm { weights, eps }) => (weights.clone(), Some(eps)),
+            None => (table.table.clone(), None),
         };
         let (q, k_cache, v_cache) = Dispatch::ggml_qk_rope_cache(
             qk.into_dispatch(),
             v.into_dispatch(),
-            qn.into_dispatch(),
-            kn.into_dispatch(),
-            table.cos.clone().into_dispatch(),
-            table.sin.clone().into_dispatch(),
+            norms.into_dispatch(),
+            table.table.clone().into_dispatch(),
             rows.device.clone().into_dispatch(),
             k_cache.into_dispatch(),
             v_cache.into_dispatch(),
@@ -252,9 +260,9 @@ pub fn qk_rope_cache(
     let v = v
         .narrow(1, layout.v_off, n_head_kv * hd)
         .reshape([n, n_head_kv, hd]);
-    if let Some(QkNorm { q: qn, k: kn, eps }) = norm {
-        q = rms_norm(q, qn, eps);
-        k = rms_norm(k, kn, eps);
+    if let Some(QkNorm { weights, eps }) = norm {
+        q = rms_norm(q, &weights.clone().narrow(0, 0, hd), eps);
+        k = rms_norm(k, &weights.clone().narrow(0, hd, hd), eps);
     }
     let (mut k_cache, mut v_cache) = (k_cache, v_cache);
     let mut qs = Vec::new();

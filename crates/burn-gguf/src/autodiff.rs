@@ -257,10 +257,8 @@ impl<B: GgmlOps, C: CheckpointStrategy> GgmlOps for Autodiff<B, C> {
     fn ggml_qk_rope_cache(
         qk: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        q_norm: FloatTensor<Self>,
-        k_norm: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
+        norms: FloatTensor<Self>,
+        table: FloatTensor<Self>,
         rows: IntTensor<Self>,
         k_cache: FloatTensor<Self>,
         v_cache: FloatTensor<Self>,
@@ -268,11 +266,10 @@ impl<B: GgmlOps, C: CheckpointStrategy> GgmlOps for Autodiff<B, C> {
         norm_eps: Option<f32>,
         neox: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let [qk, v, q_norm, k_norm, cos, sin, k_cache, v_cache] =
-            [qk, v, q_norm, k_norm, cos, sin, k_cache, v_cache]
-                .map(|t| untracked::<B, C>(t, "ggml_qk_rope_cache", "burn_gguf::qk_rope_cache"));
+        let [qk, v, norms, table, k_cache, v_cache] = [qk, v, norms, table, k_cache, v_cache]
+            .map(|t| untracked::<B, C>(t, "ggml_qk_rope_cache", "burn_gguf::qk_rope_cache"));
         let (q, k, v) = B::ggml_qk_rope_cache(
-            qk, v, q_norm, k_norm, cos, sin, rows, k_cache, v_cache, layout, norm_eps, neox,
+            qk, v, norms, table, rows, k_cache, v_cache, layout, norm_eps, neox,
         );
         (
             constant::<B, C>(q),

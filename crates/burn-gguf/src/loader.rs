@@ -425,6 +425,17 @@ impl<'a> GgufLoader<'a> {
         })
     }
 
+    /// A small tensor's values decoded on the host (row-major f32, the CPU codec), for values a
+    /// model needs on the host at load (RoPE frequency factors): no device round trip, so it
+    /// works where a blocking read-back does not (wasm). Not recorded in the [`LoadReport`].
+    ///
+    /// # Errors
+    /// Missing tensor, too large for the device's buffers, or a type the CPU codec does not
+    /// decode.
+    pub fn host_values(&self, name: &str) -> Result<Vec<f32>, Error> {
+        self.dense_values(self.info(name)?)
+    }
+
     /// A small tensor (norm weights, biases) dequantized into a dense f32 Burn tensor of rank
     /// `D` (Burn-order shape).
     ///

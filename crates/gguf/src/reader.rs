@@ -13,9 +13,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::File;
 use std::path::Path;
 
+#[cfg(not(target_family = "wasm"))]
 use memmap2::Mmap;
 
 use crate::byte_order::{ByteOrder, swap_tensor_data};
@@ -88,6 +88,8 @@ impl TensorInfo {
 
 /// The bytes behind a [`GgufFile`].
 enum Storage {
+    /// A read-only memory map (not on wasm, which has no files to map).
+    #[cfg(not(target_family = "wasm"))]
     Mmap(Mmap),
     Owned(Vec<u8>),
 }
@@ -95,7 +97,16 @@ enum Storage {
 impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
+            #[cfg(not(target_family = "wasm"))]
             Storage::Mmap(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+
+    fn into_vec(self) -> Vec<u8> {
+        match self {
+            #[cfg(not(target_family = "wasm"))]
+            Storage::Mmap(m) => m.to_vec(),
             Storage::Owned(v) => v,
         }
     }
@@ -135,7 +146,8 @@ impl GgufFile {
     /// Opens and memory-maps a GGUF file read-only, then parses and checks its header.
     ///
     /// The file must not be modified or truncated by another process while the `GgufFile` lives
-    /// (the usual memory-map caveat).
+    /// (the usual memory-map caveat). On wasm, where there is nothing to map, the file is read
+    /// (a browser has no file system: there, pass the bytes to [`GgufFile::from_bytes`]).
     ///
     /// # Errors
     /// [`GgufError::Io`] when the file cannot be opened or mapped, and any parse error of
@@ -146,8 +158,24 @@ impl GgufFile {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
+        #[cfg(target_family = "wasm")]
+        {
+            let bytes = std::fs::read(path).map_err(io_err)?;
+            Self::from_bytes(bytes)
+        }
+        #[cfg(not(target_family = "wasm"))]
+        {
+            Self::open_mapped(path, io_err)
+        }
+    }
+
+    #[cfg(not(target_family = "wasm"))]
+    fn open_mapped(
+        path: &Path,
+        io_err: impl Fn(std::io::Error) -> GgufError,
+    ) -> Result<GgufFile, GgufError> {
+        let file = std::fs::File::open(path).map_err(&io_err)?;
+        let len = file.metadata().map_err(&io_err)?.len();
         if len == 0 {
             return Err(GgufError::Truncated {
                 what: "magic".into(),
@@ -179,10 +207,7 @@ impl GgufFile {
         let storage = match header.byte_order {
             ByteOrder::Little => storage,
             ByteOrder::Big => {
-                let mut bytes = match storage {
-                    Storage::Owned(v) => v,
-                    Storage::Mmap(m) => m.to_vec(),
-                };
+                let mut bytes = storage.into_vec();
                 for t in &header.tensors {
                     // In bounds: parse checked every tensor's range against the file size.
                     let start = (header.data_offset + t.offset) as usize;

@@ -4,7 +4,7 @@
 //! written and the untouched cache positions, and the attention output. A case is either one
 //! sequence's rows (a prompt or a decode step) or a batch: one decode row in each of several
 //! sequences' cache slots, at different positions.
-use super::{rand_f32, read_f32};
+use super::{rand_f32, read_f32_async};
 use crate::{AttentionShape, KernelError, QkRopeShape, launch_qk_rope_cache};
 use cubecl::client::Client;
 use cubecl::prelude::*;
@@ -185,6 +185,18 @@ pub fn attention_error(
     case: AttentionCase,
     seed: u64,
 ) -> Result<f64, KernelError> {
+    cubecl::future::block_on(attention_error_async(client, case, seed))
+}
+
+/// [`attention_error`] awaiting the read-backs (the browser's kernel checks).
+///
+/// # Errors
+/// As [`attention_error`].
+pub async fn attention_error_async(
+    client: &Client,
+    case: AttentionCase,
+    seed: u64,
+) -> Result<f64, KernelError> {
     let AttentionCase {
         n,
         past: _,
@@ -233,8 +245,9 @@ pub fn attention_error(
         .collect();
 
     let up = |v: &[f32]| client.create_from_slice(f32::as_bytes(v));
-    let (qkv_h, qn_h, kn_h, cos_h, sin_h) =
-        (up(&qkv), up(&q_norm), up(&k_norm), up(&cos), up(&sin));
+    let norms = [q_norm.as_slice(), k_norm.as_slice()].concat();
+    let table = [cos.as_slice(), sin.as_slice()].concat();
+    let (qkv_h, norms_h, table_h) = (up(&qkv), up(&norms), up(&table));
     let (k_h, v_h) = (up(&k_init), up(&v_init));
     let rows_h = client.create_from_slice(u32::as_bytes(&rows_u32));
     let q_h = client.empty(n * nh * hd * 4);
@@ -247,10 +260,8 @@ pub fn attention_error(
         client,
         arg(&qkv_h, qkv.len()),
         arg(&qkv_h, qkv.len()),
-        arg(&qn_h, hd),
-        arg(&kn_h, hd),
-        arg(&cos_h, cos.len()),
-        arg(&sin_h, sin.len()),
+        arg(&norms_h, norms.len()),
+        arg(&table_h, table.len()),
         arg(&rows_h, rows_u32.len()),
         arg(&q_h, n * nh * hd),
         arg(&k_h, k_init.len()),
@@ -300,10 +311,10 @@ pub fn attention_error(
         softcap.map(|c| c as f32),
         lanes,
     )?;
-    let q_out = read_f32(client, q_h)?;
-    let k_cache = read_f32(client, k_h)?;
-    let v_cache = read_f32(client, v_h)?;
-    let out = read_f32(client, out_h)?;
+    let q_out = read_f32_async(client, q_h).await?;
+    let k_cache = read_f32_async(client, k_h).await?;
+    let v_cache = read_f32_async(client, v_h).await?;
+    let out = read_f32_async(client, out_h).await?;
 
     let mut worst = 0f64;
     let mut note = |got: f32, want: f64, bound: f64| {

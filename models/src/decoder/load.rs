@@ -7,7 +7,7 @@ use crate::config::DecoderConfig;
 use crate::delta_net::DeltaNetLayer;
 use crate::lora::LoraTarget;
 use burn::tensor::Tensor;
-use burn_gguf::GgufLoader;
+use burn_gguf::{GgufLoader, QkNorm};
 use std::sync::Mutex;
 
 impl Decoder {
@@ -55,7 +55,13 @@ impl Decoder {
                     bias: qkv_bias(loader, il, [q_rows, kv_rows, kv_rows])?,
                     wo: loader.linear(&n("attn_output"))?,
                     qk_norm: match config.qk_norm {
-                        true => Some(pair("attn_q_norm", "attn_k_norm")?),
+                        true => {
+                            let [q, k] = pair("attn_q_norm", "attn_k_norm")?;
+                            // Checked apart before they are stacked into one buffer.
+                            expect(n("attn_q_norm"), [q.dims()[0], 1], [hd, 1])?;
+                            expect(n("attn_k_norm"), [k.dims()[0], 1], [hd, 1])?;
+                            Some(QkNorm::stack(q, k))
+                        }
                         false => None,
                     },
                 }
@@ -151,12 +157,7 @@ impl Decoder {
         let rope_freqs = match file.tensor("rope_freqs.weight") {
             None => config.rope_section_factors(),
             Some(_) => {
-                let t: Tensor<1> = loader.dense("rope_freqs.weight")?;
-                let f = t
-                    .try_into_data()
-                    .map_err(|e| Error::Device(format!("{e:?}")))?
-                    .try_to_vec::<f32>()
-                    .map_err(|e| Error::Device(format!("{e:?}")))?;
+                let f = loader.host_values("rope_freqs.weight")?;
                 if f.len() != config.rope_dims / 2 || f.iter().any(|x| !(x.is_finite() && *x > 0.0))
                 {
                     return Err(Error::Model(format!(
@@ -218,11 +219,9 @@ impl Decoder {
                 ("attn_norm", &l.attn_norm, e),
                 (c.ffn_norm_name(), &l.ffn_norm, e),
             ];
-            if let Mixer::Attention { wo, qk_norm, .. } = &l.mixer {
+            // (`qk_norm` is checked as its two tensors at load, before they are stacked.)
+            if let Mixer::Attention { wo, .. } = &l.mixer {
                 expect(n("attn_output"), wo.weight.shape(), [e, c.n_head * hd])?;
-                if let Some([q, k]) = qk_norm {
-                    norms.extend([("attn_q_norm", q, hd), ("attn_k_norm", k, hd)]);
-                }
             }
             match (&l.ffn, &c.moe) {
                 (Ffn::Dense { gate_up, down }, _) => {

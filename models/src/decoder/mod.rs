@@ -76,8 +76,9 @@ enum Mixer {
         /// (`attn_q.bias`, ...; Qwen2), a missing one as zeros.
         bias: Option<Tensor<1>>,
         wo: GgmlLinear,
-        /// `[q_norm, k_norm]` where the architecture has them.
-        qk_norm: Option<[Tensor<1>; 2]>,
+        /// `q_norm` then `k_norm`, `[2 * head_dim]` ([`QkNorm::stack`]), where the
+        /// architecture has them.
+        qk_norm: Option<Tensor<1>>,
     },
     DeltaNet(DeltaNetLayer),
 }
@@ -499,7 +500,7 @@ impl Decoder {
                         capacity,
                         ..layout
                     };
-                    let norm = qk_norm.as_ref().map(|[q, k]| QkNorm { q, k, eps });
+                    let norm = qk_norm.as_ref().map(|weights| QkNorm { weights, eps });
                     let table = &tables[usize::from(local)];
                     let (q, k_cache, v_cache) = qk_rope_cache(
                         qk,

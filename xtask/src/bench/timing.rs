@@ -352,7 +352,7 @@ pub(super) fn burn_call<'a>(
 /// Random valid blocks of `ty` for a `[rows, cols]` tensor: 8,192 elements' worth of blocks from
 /// the kernel tests' generator, repeated.
 pub(super) fn weight_bytes(ty: GgmlType, [rows, cols]: [usize; 2]) -> Result<Vec<u8>, String> {
-    let pattern = crate::kernel_test::input(ty, 1, 8192, ty.id() as u64 + 1)?;
+    let pattern = ggml_kernels::check::input_blocks(ty, 1, 8192, ty.id() as u64 + 1)?;
     let total = ty
         .row_bytes(cols as u64)
         .map_err(|e| e.to_string())?

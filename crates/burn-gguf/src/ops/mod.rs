@@ -146,12 +146,13 @@ pub trait GgmlOps: burn::backend::Backend {
 
     /// One step's heads into the KV cache, one kernel ([`ggml_kernels::launch_qk_rope_cache`]):
     /// `qk` `[n, qk_stride]` and `v` `[n, v_stride]` f32 (the projections, as `layout` places the
-    /// heads), `q_norm`, `k_norm` `[head_dim]` (read when `norm_eps` is set), `cos`, `sin`
-    /// `[positions, head_dim / 2]`, `rows` `[n * 2]` u32 (each token's cache slot and
+    /// heads), `norms` `[2 * head_dim]` (the query norm's weights, then the key norm's; read
+    /// when `norm_eps` is set), `table` `[2 * positions * rope_dims / 2]` (cosines, then
+    /// sines: [`crate::RopeTable`]), `rows` `[n * 2]` u32 (each token's cache slot and
     /// position), caches `[slots * n_head_kv, capacity, head_dim]`. Returns the rotated queries
     /// `[n, n_head, head_dim]` and the caches with each token's slot and position written (in
     /// place when no other tensor shares their buffers).
-    #[fusion(meta = |qk: &burn::backend::fusion::custom::TensorSpec, _v, _qn, _kn, _cos, _sin, _rows,
+    #[fusion(meta = |qk: &burn::backend::fusion::custom::TensorSpec, _v, _norms, _table, _rows,
         k_cache: &burn::backend::fusion::custom::TensorSpec,
         v_cache: &burn::backend::fusion::custom::TensorSpec,
         layout: &ggml_kernels::QkRopeShape, _eps, _neox| (
@@ -164,10 +165,8 @@ pub trait GgmlOps: burn::backend::Backend {
     fn ggml_qk_rope_cache(
         qk: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        q_norm: FloatTensor<Self>,
-        k_norm: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
+        norms: FloatTensor<Self>,
+        table: FloatTensor<Self>,
         rows: IntTensor<Self>,
         k_cache: FloatTensor<Self>,
         v_cache: FloatTensor<Self>,
@@ -521,10 +520,8 @@ impl GgmlOps for CubeBackend {
     fn ggml_qk_rope_cache(
         qk: CubeTensor,
         v: CubeTensor,
-        q_norm: CubeTensor,
-        k_norm: CubeTensor,
-        cos: CubeTensor,
-        sin: CubeTensor,
+        norms: CubeTensor,
+        table: CubeTensor,
         rows: CubeTensor,
         k_cache: CubeTensor,
         v_cache: CubeTensor,
@@ -532,13 +529,13 @@ impl GgmlOps for CubeBackend {
         norm_eps: Option<f32>,
         neox: bool,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
-        let inputs = [qk, v, q_norm, k_norm, cos, sin];
+        let inputs = [qk, v, norms, table];
         for t in &inputs {
             assert_eq!(t.dtype, DType::F32, "ggml_qk_rope_cache takes f32 tensors");
         }
         assert_eq!(rows.dtype, DType::U32, "ggml_qk_rope_cache takes u32 rows");
         let rows = burn_cubecl::kernel::into_contiguous(rows);
-        let [qk, v, q_norm, k_norm, cos, sin] = inputs.map(burn_cubecl::kernel::into_contiguous);
+        let [qk, v, norms, table] = inputs.map(burn_cubecl::kernel::into_contiguous);
         let [k_cache, v_cache] = [k_cache, v_cache].map(owned);
         let q = empty_f32(&qk, Shape::new([layout.n, layout.n_head, layout.head_dim]));
         let client = qk.client.clone();
@@ -546,10 +543,8 @@ impl GgmlOps for CubeBackend {
             &client,
             qk.into_buffer_arg(),
             v.into_buffer_arg(),
-            q_norm.into_buffer_arg(),
-            k_norm.into_buffer_arg(),
-            cos.into_buffer_arg(),
-            sin.into_buffer_arg(),
+            norms.into_buffer_arg(),
+            table.into_buffer_arg(),
             rows.into_buffer_arg(),
             q.clone().into_buffer_arg(),
             k_cache.clone().into_buffer_arg(),
