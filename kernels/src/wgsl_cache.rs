@@ -286,8 +286,6 @@ impl<K: CubeKernel> Cached<K> {
             .compile(definition, &options)
             .ok()?
             .to_string();
-        #[cfg(target_family = "wasm")]
-        let text = with_browser_enables(text);
         if let Some(file) = &file {
             match write(file, &entrypoint_name, &text) {
                 Ok(()) => STORED.fetch_add(1, Ordering::Relaxed),
@@ -331,24 +329,6 @@ impl<K: CubeKernel> CubeKernel for Cached<K> {
     }
 }
 
-/// `text` with the `enable subgroups;` directive the browser's WGSL compilers (Chrome's Tint)
-/// require before any subgroup built-in function (`subgroupAdd`, `subgroupBroadcast`, ...).
-/// CubeCL 0.11.3 on wasm adds it for the subgroup built-in values only, and native naga
-/// rejects the directive, so it is added here, on wasm, where a kernel calls one.
-pub fn with_browser_enables(text: String) -> String {
-    let calls_subgroup_fn = text.match_indices("subgroup").any(|(i, _)| {
-        text[i + "subgroup".len()..]
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_uppercase())
-    });
-    if calls_subgroup_fn && !text.contains("enable subgroups;") {
-        format!("enable subgroups;\n{text}")
-    } else {
-        text
-    }
-}
-
 fn checksum(text: &str) -> u128 {
     StableHasher::hash_one(&text)
 }
@@ -385,22 +365,6 @@ fn write(file: &Path, entrypoint_name: &str, text: &str) -> std::io::Result<()> 
 
 #[cfg(test)]
 mod tests {
-    use super::with_browser_enables;
-
-    #[test]
-    fn subgroup_calls_get_the_browsers_enable_directive() {
-        let calls = "fn main() { let a = subgroupAdd(x); }".to_string();
-        assert_eq!(
-            with_browser_enables(calls.clone()),
-            format!("enable subgroups;\n{calls}")
-        );
-        let enabled = format!("enable subgroups;\n{calls}");
-        assert_eq!(with_browser_enables(enabled.clone()), enabled);
-        // The built-in values alone: CubeCL adds the directive itself for those.
-        let values = "@builtin(subgroup_size) s: u32".to_string();
-        assert_eq!(with_browser_enables(values.clone()), values);
-    }
-
     use super::*;
 
     #[test]
