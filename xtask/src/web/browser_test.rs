@@ -2,7 +2,8 @@
 //! Chromium with WebGPU (SwiftShader where there is no GPU), served from 127.0.0.1 and driven
 //! through chromedriver. Checks, each from the page's `RESULT`/`ERROR` console line:
 //! - the tiny Qwen3 fixture's greedy ids in the page equal the native CLI's
-//!   (`burn-gguf run --json`) for the same prompt;
+//!   (`burn-gguf run --json`) for the same prompt, and two chat turns' replies equal
+//!   `burn-gguf chat`'s, the second turn reusing the first's cache;
 //! - the browser's kernel checks (`index.html?check=kernels`) all pass;
 //! - a truncated and a hostile GGUF each show an error in the page, and the same page then
 //!   still generates (the first check's ids again);
@@ -100,6 +101,10 @@ pub fn run(opts: &Options) -> Result<(), String> {
     browser.goto(&server.url(&page))?;
     let web = result_line(&browser, timeout)?;
     report_ids("tiny qwen3 Q8_0", &native, &web, t0, &mut failures);
+    // 1b. Two chat turns in the same page (the model's template, the KV cache kept between
+    // turns) against `burn-gguf chat`'s replies.
+    let t0 = Instant::now();
+    check_chat(&browser, &cli, &tiny, t0, &mut failures)?;
     if opts.gemma.is_none()
         && let Some(path) = &opts.screenshot
     {
@@ -215,6 +220,81 @@ pub fn run(opts: &Options) -> Result<(), String> {
     } else {
         Err(format!("web-test failed: {}", failures.join("; ")))
     }
+}
+
+/// The user messages of the chat check.
+const CHAT_TURNS: [&str; 2] = ["Hello there", "And then?"];
+
+/// Two greedy chat turns of 8 tokens on the loaded page's model against `burn-gguf chat` on
+/// `model`: the replies' text must be equal, and the second turn must run only its new tokens
+/// (the first turn's cache reused).
+fn check_chat(
+    browser: &Browser,
+    cli: &Path,
+    model: &Path,
+    t0: Instant,
+    failures: &mut Vec<String>,
+) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(cli)
+        .arg("chat")
+        .arg("-m")
+        .arg(model)
+        .args(["-n", "8", "--temp", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", cli.display()))?;
+    let mut stdin = child.stdin.take().ok_or("chat: no stdin")?;
+    writeln!(stdin, "{}\n{}", CHAT_TURNS[0], CHAT_TURNS[1]).map_err(|e| e.to_string())?;
+    drop(stdin);
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let native: Vec<&str> = stdout.lines().collect();
+    let page = browser.execute_async(
+        "const done = arguments[arguments.length - 1];\
+         const [first, second] = arguments[0];\
+         const ask = (messages) => window.burnGguf.generate(\
+             {messages, max_tokens: 8, temperature: 0});\
+         (async () => {\
+           const a = await ask([{role: 'user', content: first}]);\
+           const b = await ask([{role: 'user', content: first},\
+             {role: 'assistant', content: a.text.trim()}, {role: 'user', content: second}]);\
+           return [a, b];\
+         })().then(done, (e) => done({error: e.message}));",
+        json!([CHAT_TURNS]),
+    )?;
+    if let Some(e) = page.get("error") {
+        failures.push(format!("chat in the page: {e}"));
+        println!("chat in the page: ERROR {e}");
+        return Ok(());
+    }
+    let replies: Vec<&str> = (0..2).map(|i| page[i]["text"].as_str().unwrap_or("")).collect();
+    let same = native.len() >= 2 && replies.iter().zip(&native).all(|(p, n)| p.trim() == n.trim());
+    let (prompt, ran) = (
+        page[1]["prompt_ids"].as_array().map_or(0, Vec::len),
+        page[1]["timings"]["prompt_tokens"].as_u64().unwrap_or(u64::MAX) as usize,
+    );
+    println!(
+        "chat, two turns in the page: {} ({:.1} s); the second turn ran {ran} of its {prompt} \
+         prompt tokens\n  page   {replies:?}\n  native {native:?}",
+        if same {
+            "replies equal `burn-gguf chat`'s"
+        } else {
+            "REPLIES DIFFER from `burn-gguf chat`'s"
+        },
+        t0.elapsed().as_secs_f64(),
+    );
+    if !same {
+        failures.push("chat: replies differ".into());
+    }
+    if ran >= prompt {
+        failures.push(format!(
+            "chat: the second turn ran {ran} of {prompt} tokens (no cache reuse)"
+        ));
+    }
+    Ok(())
 }
 
 /// The CLI binary beside this one, built first (a no-op when it is current).
