@@ -18,8 +18,8 @@ pub use attention::{
     ATTENTION_TOL, AttentionCase, attention_cases, attention_error, attention_error_async,
 };
 pub use delta_net::{DELTA_NET_TOL, DeltaNetCase, delta_net_cases, delta_net_error};
-pub use norm::{NORM_TOL, norm_cases, rms_norm_error, rms_norm_error_async};
 pub use moe::{GemvIdCase, ROUTE_TOL, gemv_id_error, route_cases, route_error, route_input};
+pub use norm::{NORM_TOL, norm_cases, rms_norm_error, rms_norm_error_async};
 pub use top_k::{top_k_cases, top_k_error, top_k_input, top_k_mismatches};
 
 /// GEMV tolerance: `|y - y_ref| <= GEMV_TOL * sum_k |w_k x_k|`, the scale of f32 rounding in a dot.

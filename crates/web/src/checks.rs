@@ -6,8 +6,8 @@
 use ggml_kernels::GemvConfig;
 use ggml_kernels::GemvLaunch;
 use ggml_kernels::check::{
-    attention_cases, attention_error_async, dequantize_error_async, gemv_error_async,
-    input_blocks, norm_cases, rand_f32, rms_norm_error_async,
+    attention_cases, attention_error_async, dequantize_error_async, gemv_error_async, input_blocks,
+    norm_cases, rand_f32, rms_norm_error_async,
 };
 use gguf::GgmlType;
 use serde::Serialize;

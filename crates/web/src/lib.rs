@@ -16,7 +16,7 @@ pub mod request;
 use burn::tensor::Device;
 use burn_gguf::{GgufConfig, GgufLoader, LoadKind};
 use burn_gguf_models::{
-    ChatTemplate, Decoder, GgufTokenizer, Generation, Sampler, SequenceState, Session,
+    ChatTemplate, Decoder, Generation, GgufTokenizer, Sampler, SequenceState, Session,
     generate_async, generate_ids_async,
 };
 use request::{FileBytes, GenerateRequest, Input};

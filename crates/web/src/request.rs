@@ -80,8 +80,7 @@ impl GenerateRequest {
     /// of 1..=[`MAX_NEW_TOKENS`], a temperature that is negative or not finite, `top_p`
     /// outside (0, 1].
     pub fn parse(json: &str) -> Result<(Input, usize, SamplerConfig), String> {
-        let r: GenerateRequest =
-            serde_json::from_str(json).map_err(|e| format!("request: {e}"))?;
+        let r: GenerateRequest = serde_json::from_str(json).map_err(|e| format!("request: {e}"))?;
         if !(1..=MAX_NEW_TOKENS).contains(&r.max_tokens) {
             return Err(format!(
                 "max_tokens: {} is not in 1..={MAX_NEW_TOKENS}",

@@ -42,7 +42,10 @@ pub async fn rms_norm_error_async(
     seed: u64,
 ) -> Result<f64, KernelError> {
     const EPS: f32 = 1e-6;
-    let x: Vec<f32> = rand_f32(rows * cols, seed).iter().map(|v| v * 4.0).collect();
+    let x: Vec<f32> = rand_f32(rows * cols, seed)
+        .iter()
+        .map(|v| v * 4.0)
+        .collect();
     let w = rand_f32(cols, seed + 1);
     let xh = client.create_from_slice(f32::as_bytes(&x));
     let wh = client.create_from_slice(f32::as_bytes(&w));

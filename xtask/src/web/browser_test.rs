@@ -270,11 +270,19 @@ fn check_chat(
         println!("chat in the page: ERROR {e}");
         return Ok(());
     }
-    let replies: Vec<&str> = (0..2).map(|i| page[i]["text"].as_str().unwrap_or("")).collect();
-    let same = native.len() >= 2 && replies.iter().zip(&native).all(|(p, n)| p.trim() == n.trim());
+    let replies: Vec<&str> = (0..2)
+        .map(|i| page[i]["text"].as_str().unwrap_or(""))
+        .collect();
+    let same = native.len() >= 2
+        && replies
+            .iter()
+            .zip(&native)
+            .all(|(p, n)| p.trim() == n.trim());
     let (prompt, ran) = (
         page[1]["prompt_ids"].as_array().map_or(0, Vec::len),
-        page[1]["timings"]["prompt_tokens"].as_u64().unwrap_or(u64::MAX) as usize,
+        page[1]["timings"]["prompt_tokens"]
+            .as_u64()
+            .unwrap_or(u64::MAX) as usize,
     );
     println!(
         "chat, two turns in the page: {} ({:.1} s); the second turn ran {ran} of its {prompt} \

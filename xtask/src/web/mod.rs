@@ -31,7 +31,8 @@ pub fn web_target_dir() -> PathBuf {
         let d = PathBuf::from(d);
         let name = format!(
             "{}-web",
-            d.file_name().map_or("target".into(), |n| n.to_string_lossy())
+            d.file_name()
+                .map_or("target".into(), |n| n.to_string_lossy())
         );
         return d.with_file_name(name);
     }
@@ -41,8 +42,8 @@ pub fn web_target_dir() -> PathBuf {
 
 /// The `wasm-bindgen` version Cargo.lock pins: the `wasm-bindgen` command must be the same.
 fn locked_wasm_bindgen(root: &Path) -> Result<String, String> {
-    let lock = std::fs::read_to_string(root.join("Cargo.lock"))
-        .map_err(|e| format!("Cargo.lock: {e}"))?;
+    let lock =
+        std::fs::read_to_string(root.join("Cargo.lock")).map_err(|e| format!("Cargo.lock: {e}"))?;
     let mut lines = lock.lines();
     while let Some(line) = lines.next() {
         if line == "name = \"wasm-bindgen\"" {

@@ -112,7 +112,10 @@ mod tests {
         std::fs::write(dir.join("pkg/a.wasm"), "x").unwrap();
         let mounts = vec![("/".to_string(), dir.clone())];
         assert_eq!(resolve("/", &mounts), Some(dir.join("index.html")));
-        assert_eq!(resolve("/pkg/a.wasm?x=1", &mounts), Some(dir.join("pkg/a.wasm")));
+        assert_eq!(
+            resolve("/pkg/a.wasm?x=1", &mounts),
+            Some(dir.join("pkg/a.wasm"))
+        );
         assert_eq!(resolve("/../etc/passwd", &mounts), None);
         assert_eq!(resolve("/pkg/../../x", &mounts), None);
         assert_eq!(resolve("/missing", &mounts), None);

@@ -138,8 +138,12 @@ impl Browser {
 
     /// Opens `url` (returns when the page has loaded; its scripts go on).
     pub fn goto(&self, url: &str) -> Result<(), String> {
-        self.request("POST", &self.session_path("/url"), Some(json!({"url": url})))
-            .map(|_| ())
+        self.request(
+            "POST",
+            &self.session_path("/url"),
+            Some(json!({"url": url})),
+        )
+        .map(|_| ())
     }
 
     /// Runs `script` (a function body; `arguments` are `args`) in the page and returns its value.
