@@ -28,10 +28,21 @@ pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// The text.
     pub content: String,
+    /// The calls an assistant message made, as templates read them (Transformers' form:
+    /// `{"type": "function", "function": {"name", "arguments": {...}}, "id"}`); empty for
+    /// other messages, and then not passed to the template.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// The call a `tool` message answers (OpenAI `tool_call_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The function a `tool` message answers for, when known (templates that print it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
@@ -40,6 +51,9 @@ impl Message {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -113,6 +127,11 @@ impl ChatTemplate {
                 })
             }
         }
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Whether this is the built-in template (the file has none).

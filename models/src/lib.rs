@@ -29,7 +29,10 @@ pub mod generate;
 pub mod lora;
 pub mod sampling;
 pub mod state;
+#[cfg(feature = "structured")]
+pub mod structured;
 pub mod tokenizer;
+pub mod tool_calls;
 
 pub use chat::{ChatTemplate, Message};
 pub use config::{ARCHITECTURES, DecoderConfig, DeltaNet, Moe, SlidingWindow};

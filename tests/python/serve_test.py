@@ -11,7 +11,7 @@ failure:
    strings; usage counts; /health.
 2. Load: 64 concurrent streaming chats on the tiny model (and 8 on Gemma with --gemma); all
    complete without error; the server's peak RSS (VmHWM) is printed.
-3. Bad input: 200 malformed requests of every kind: each answered 4xx with an OpenAI error
+3. Bad input: 200 malformed requests of every kind (malformed schemas and tools included): each answered 4xx with an OpenAI error
    body; a normal request afterwards succeeds.
 4. Disconnects: 10 clients leave mid-stream; /health then shows no running sequence.
 5. Model names through a Hugging Face hub cache (offline), and --reasoning / per-request
@@ -223,11 +223,16 @@ def bad_requests(srv, model, n_ctx_words):
         ("n = 3", json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "n": 3}), {}),
         ("image part", json.dumps({"model": model, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}), {}),
         ("prompt longer than the context", json.dumps({"model": model, "messages": [{"role": "user", "content": big_prompt}]}), {}),
+        ("malformed schema", json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(("}}}}), {}),
+        ("response_format not an object", json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "response_format": "json"}), {}),
+        ("tools on a template without tools", json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}), {}),
+        ("unknown tool in tool_choice", json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}), {}),
+        ("logit_bias (not honoured)", json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 10}}), {}),
         ("completion: empty prompt", json.dumps({"model": model, "prompt": ""}), {}),
         ("completion: two prompts", json.dumps({"model": model, "prompt": ["a", "b"]}), {}),
         ("oversized body", b'{"model": "' + b"x" * (3 << 20) + b'"}', {}),
     ]
-    paths = ["/v1/chat/completions"] * 17 + ["/v1/completions"] * 2 + ["/v1/chat/completions"]
+    paths = ["/v1/chat/completions"] * 22 + ["/v1/completions"] * 2 + ["/v1/chat/completions"]
     counts = {}
     for i in range(200):
         name, body, headers = kinds[i % len(kinds)]

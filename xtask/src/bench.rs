@@ -52,6 +52,7 @@ mod batch;
 pub(crate) mod decode;
 mod e2e;
 mod finetune;
+mod serve;
 mod system;
 mod timing;
 
@@ -152,6 +153,21 @@ pub struct Options {
     /// time both paths regardless.
     #[arg(long, value_name = "PATH", value_parser = ["tile", "chunked"])]
     pub matmul_path: Option<String>,
+    /// Only the serving measurements, through the server's engine on the end-to-end model:
+    /// 8 batched greedy streams, all free and then one under a JSON schema (the free streams'
+    /// decode tokens/s side by side); then the prefix cache: time to first token of requests
+    /// sharing a long system prompt, the first against the others.
+    #[arg(long)]
+    pub serve: bool,
+    /// Tokens each stream of the serving measurements generates (default 32).
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub serve_steps: usize,
+    /// Tokens of the prefix-cache measurement's shared system prompt (default 1,500).
+    #[arg(long, value_name = "N", default_value_t = 1500)]
+    pub serve_prompt_tokens: usize,
+    /// Requests of the prefix-cache measurement (default 10).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub serve_requests: usize,
 }
 
 /// Makes the adapter `choice` names the default wgpu device of this process and of the processes
@@ -453,6 +469,29 @@ pub fn run(opts: &Options) -> Result<(), String> {
         budget.min_s, budget.min_iters
     );
 
+    if opts.serve {
+        let path = e2e::model_path(opts).ok_or("no model: --model PATH")?;
+        let structured = serve::structured(&path, opts.serve_steps.max(4))?;
+        let prefix = serve::prefix_cache(
+            &path,
+            opts.serve_prompt_tokens.max(1),
+            opts.serve_requests.max(2),
+        )?;
+        if let Some(path) = &opts.json {
+            let doc = json!({
+                "tool": "cargo xtask bench --serve",
+                "date": started,
+                "written": utc_now(),
+                "device": device_json,
+                "structured": structured,
+                "prefix_cache": prefix,
+                "total_seconds": t_start.elapsed().as_secs_f64(),
+            });
+            let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+            std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        return Ok(());
+    }
     if opts.finetune {
         let v = finetune::run(e2e::model_path(opts), opts.finetune_steps.max(2))?;
         if let Some(path) = &opts.json {

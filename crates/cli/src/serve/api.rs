@@ -9,6 +9,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+pub use super::format::{ToolChoice, ToolRequest, Unsupported, check_response_format, check_tools};
+
 /// An error answered as OpenAI does.
 #[derive(Debug)]
 pub struct ApiError {
@@ -91,11 +93,21 @@ pub struct Part {
 /// One chat message.
 #[derive(Debug, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `developer` (read as `system`), `user` or `assistant`.
+    /// `system`, `developer` (read as `system`), `user`, `assistant` or `tool`.
     pub role: String,
     /// The content (may be absent on an assistant message).
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant message's calls: `[{"id", "type": "function", "function": {"name",
+    /// "arguments": "<JSON text>"}}]`.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message's function name (optional).
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 /// `stop`: one string or a list.
@@ -162,6 +174,14 @@ pub struct Generation {
     /// `serve --lora` loaded (`GET /lora-adapters` lists them); an adapter not listed is off,
     /// `[]` turns every one off. Absent: every loaded adapter at its `--lora-scale`.
     pub lora: Option<Vec<LoraChoice>>,
+    /// The output's format: `{"type": "text"}`, `{"type": "json_object"}` or `{"type":
+    /// "json_schema", "json_schema": {"name", "schema", "strict"}}` (OpenAI structured outputs).
+    pub response_format: Option<serde_json::Value>,
+    /// llama-server's shorthand for a `json_schema` response format: the schema itself.
+    pub json_schema: Option<serde_json::Value>,
+    /// Fields that change the output and that this server does not honour.
+    #[serde(flatten)]
+    pub unsupported: Unsupported,
 }
 
 /// One adapter a request applies (llama-server's `lora` field).
@@ -185,6 +205,14 @@ pub struct ChatRequest {
     pub reasoning: Option<Reasoning>,
     /// Extra template variables (vLLM / llama-server convention), e.g. `{"enable_thinking": false}`.
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Functions the model may call: `[{"type": "function", "function": {"name",
+    /// "description", "parameters"}}]`.
+    pub tools: Option<serde_json::Value>,
+    /// `"none"`, `"auto"` (the default with tools), `"required"`, or `{"type": "function",
+    /// "function": {"name": ...}}`.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether a reply may hold several calls (default true); a forced call is always one.
+    pub parallel_tool_calls: Option<bool>,
     /// Sampling and length.
     #[serde(flatten)]
     pub generation: Generation,
@@ -231,6 +259,8 @@ pub struct Checked {
     /// The adapters asked for, `(id, scale)` (ids not yet checked against the model's);
     /// `None` for the server's default.
     pub lora: Option<Vec<(usize, f32)>>,
+    /// The grammar of `response_format` (not yet compiled); `None` for free text.
+    pub grammar: Option<burn_gguf_models::structured::Grammar>,
 }
 
 /// Which endpoint's reading of `logprobs`.
@@ -286,8 +316,10 @@ pub fn check_logprobs(g: &Generation, style: LogprobsStyle) -> Result<Option<usi
 /// Checks the fields of `g` (not the length against the prompt: see [`max_tokens_for`]).
 ///
 /// # Errors
-/// A 400 naming the field for an out-of-range value or `n` other than 1.
+/// A 400 naming the field for an out-of-range value, `n` other than 1, a field the server
+/// does not honour ([`Unsupported`]) or a malformed `response_format`.
 pub fn check_generation(g: &Generation, style: LogprobsStyle) -> Result<Checked, ApiError> {
+    g.unsupported.check()?;
     if g.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("only n = 1 is supported", Some("n")));
     }
@@ -340,6 +372,7 @@ pub fn check_generation(g: &Generation, style: LogprobsStyle) -> Result<Checked,
         max_tokens,
         logprobs: check_logprobs(g, style)?,
         lora: check_lora(g)?,
+        grammar: check_response_format(g)?,
     })
 }
 
@@ -416,19 +449,22 @@ pub fn max_tokens_for(
 }
 
 /// The conversation as template messages, checked: at least one message; roles `system`
-/// (or `developer`) first only, then `user` and `assistant`; the last message from the user;
-/// text content only.
+/// (or `developer`) first only, then `user`, `assistant` and `tool`; a `tool` message only
+/// after an assistant message with `tool_calls`; the last message from the user or a tool;
+/// text content only. An assistant's calls reach the template as Transformers passes them
+/// (`arguments` as a JSON object when its text parses).
 ///
 /// # Errors
 /// A 400 naming `messages` and the index at fault.
 pub fn check_messages(
     messages: &[ChatMessage],
 ) -> Result<Vec<burn_gguf_models::Message>, ApiError> {
+    use serde_json::Value;
     let bad = |m: String| ApiError::bad_request(m, Some("messages"));
     if messages.is_empty() {
         return Err(bad("messages must not be empty".into()));
     }
-    let mut out = Vec::with_capacity(messages.len());
+    let mut out: Vec<burn_gguf_models::Message> = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" if i == 0 => "system",
@@ -439,9 +475,24 @@ pub fn check_messages(
             }
             "user" => "user",
             "assistant" => "assistant",
+            "tool" => {
+                let after_calls = out
+                    .iter()
+                    .rev()
+                    .find(|p| p.role != "tool")
+                    .is_some_and(|p| p.role == "assistant" && !p.tool_calls.is_empty());
+                if !after_calls {
+                    return Err(bad(format!(
+                        "messages[{i}]: a tool message must follow an assistant message with \
+                         tool_calls"
+                    )));
+                }
+                "tool"
+            }
             other => {
                 return Err(bad(format!(
-                    "messages[{i}]: role '{other}' is not supported (system, user, assistant)"
+                    "messages[{i}]: role '{other}' is not supported (system, user, assistant, \
+                     tool)"
                 )));
             }
         };
@@ -466,11 +517,50 @@ pub fn check_messages(
         if role == "user" && content.is_empty() {
             return Err(bad(format!("messages[{i}]: user content is empty")));
         }
-        out.push(burn_gguf_models::Message::new(role, content));
+        let mut msg = burn_gguf_models::Message::new(role, content);
+        if let Some(calls) = &m.tool_calls {
+            if role != "assistant" {
+                return Err(bad(format!(
+                    "messages[{i}]: only an assistant message has tool_calls"
+                )));
+            }
+            for (k, c) in calls.iter().enumerate() {
+                let f = c.get("function");
+                let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+                let args = f.and_then(|f| f.get("arguments"));
+                let (Some(name), Some(args)) = (name, args) else {
+                    return Err(bad(format!(
+                        "messages[{i}].tool_calls[{k}] needs function.name and \
+                         function.arguments"
+                    )));
+                };
+                let arguments = match args {
+                    Value::String(text) => {
+                        serde_json::from_str(text).unwrap_or_else(|_| args.clone())
+                    }
+                    other => other.clone(),
+                };
+                let mut call = serde_json::json!({
+                    "type": "function",
+                    "function": { "name": name, "arguments": arguments },
+                });
+                if let Some(id) = c.get("id") {
+                    call["id"] = id.clone();
+                }
+                msg.tool_calls.push(call);
+            }
+        }
+        if role == "tool" {
+            msg.tool_call_id = m.tool_call_id.clone();
+            msg.name = m.name.clone();
+        }
+        out.push(msg);
     }
     match messages.last().map(|m| m.role.as_str()) {
-        Some("user") => Ok(out),
-        _ => Err(bad("the last message must be from the user".into())),
+        Some("user" | "tool") => Ok(out),
+        _ => Err(bad(
+            "the last message must be from the user or a tool".into()
+        )),
     }
 }
 
@@ -482,6 +572,9 @@ mod tests {
         ChatMessage {
             role: role.into(),
             content: Some(Content::Text(content.into())),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 
@@ -493,6 +586,18 @@ mod tests {
         assert!(check_messages(&[msg("user", "hi"), msg("system", "s")]).is_err());
         assert!(check_messages(&[msg("user", "hi"), msg("assistant", "a")]).is_err());
         assert!(check_messages(&[msg("tool", "x"), msg("user", "hi")]).is_err());
+        assert!(
+            check_messages(&[msg("user", "hi"), msg("assistant", "a"), msg("tool", "x")]).is_err()
+        );
+        let mut call = msg("assistant", "");
+        call.tool_calls = Some(vec![serde_json::json!({"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": "{\"a\": 1}"}})]);
+        let out = check_messages(&[msg("user", "hi"), call, msg("tool", "3")]).unwrap();
+        assert_eq!(
+            out[1].tool_calls[0]["function"]["arguments"],
+            serde_json::json!({"a": 1})
+        );
+        assert_eq!(out[2].role, "tool");
         assert!(check_messages(&[msg("user", "")]).is_err());
     }
 

@@ -9,6 +9,17 @@
 //! boundary and leaves as soon as it ends or its client is gone, freeing its slot and its
 //! concurrency permit.
 //!
+//! Prefix reuse: a slot keeps the state of the tokens it last held (a finished sequence's
+//! prompt and reply) until it takes another request. A new request takes the free slot whose
+//! tokens share the longest prefix with its prompt (else the one used least recently), keeps
+//! that prefix ([`BatchState::truncate`]; a recurrent model goes back to the checkpoint taken
+//! at the end of the slot's last prompt) and prefills only the rest. A long system prompt or
+//! a conversation's history is computed once per slot, not once per request.
+//!
+//! A sequence with a grammar (`response_format`) carries its [`TokenConstraint`]: its mask for
+//! the next token is computed on another thread while the pass runs, then added to its row of
+//! the logits on the device before sampling, so the rows beside it are sampled as without it.
+//!
 //! Requests reach the worker as [`Job`]s over a channel; text goes back as [`Event`]s over a
 //! channel per job.
 
@@ -22,6 +33,7 @@ use std::time::Instant;
 
 use burn::tensor::Tensor;
 use burn_gguf_models::generate::{SampleFrom, sample_from};
+use burn_gguf_models::structured::{GrammarCompiler, TokenConstraint, apply_bias};
 use burn_gguf_models::{
     BatchState, ChatTemplate, Decoder, DecoderLora, GgufTokenizer, Sampler, SamplerConfig,
 };
@@ -44,10 +56,13 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// Why a sequence ended, as OpenAI names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-generation token or a stop string.
+    /// An end-of-generation token, a stop string, or the end of the request's grammar.
     Stop,
     /// `max_tokens` reached, or the context is full.
     Length,
+    /// The reply is tool calls (set by the response layer when the text parses as calls; the
+    /// worker never ends a sequence with it).
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -56,6 +71,7 @@ impl FinishReason {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -116,6 +132,12 @@ pub struct Job {
     /// The adapters to apply, `(id, scale)` with ids below [`ModelHandle::adapters`]'s
     /// length; `None` for every adapter at its `--lora-scale`.
     pub lora: Option<Vec<(usize, f32)>>,
+    /// The grammar the output must follow (`response_format`), compiled for this model's
+    /// vocabulary by [`ModelHandle::grammars`].
+    pub constraint: Option<TokenConstraint>,
+    /// Decode control tokens as their text (not the end-of-generation one): tool-call markers
+    /// such as `<|python_tag|>` and `[TOOL_CALLS]` are control tokens.
+    pub special_text: bool,
     /// Where events go; closed when the client is gone.
     pub events: UnboundedSender<Event>,
     /// The concurrency slot this job holds until it is dropped.
@@ -138,28 +160,69 @@ pub struct ModelHandle {
     pub running: Arc<AtomicUsize>,
     /// The LoRA adapter files loaded (`serve --lora`), by id, with their default scale.
     pub adapters: Vec<(PathBuf, f32)>,
+    /// The grammar compiler of its vocabulary (structured outputs), or why there is none.
+    pub grammars: Result<GrammarCompiler, String>,
     /// The worker thread.
     pub thread: std::thread::JoinHandle<()>,
 }
 
-/// Starts the worker thread of the model at `path`: it loads the model on `device` (a
-/// [`burn_gguf::select_device`] choice; packed, or dequantized with `dequantize`) and then
-/// serves jobs, up to `slots` sequences at once (the server's `--max-concurrent`). Returns once
-/// the model is loaded.
+/// How one model's worker is set up (the server's options, per model).
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// A [`burn_gguf::select_device`] choice; the default adapter when `None`.
+    pub device: Option<String>,
+    /// Dequantize every weight at load (no packed kernels).
+    pub dequantize: bool,
+    /// Context length cap (`--ctx-size`).
+    pub ctx_cap: usize,
+    /// Sequences decoded at once (`--max-concurrent`).
+    pub slots: usize,
+    /// LoRA adapter files (`--lora`).
+    pub lora: Vec<PathBuf>,
+    /// Their default scale (`--lora-scale`).
+    pub lora_scale: f32,
+    /// A chat template's source replacing the file's (`--chat-template`).
+    pub chat_template: Option<String>,
+    /// Reuse a slot's cached prompt prefix (off: `--no-prefix-cache`).
+    pub prefix_cache: bool,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            device: None,
+            dequantize: false,
+            ctx_cap: 4096,
+            slots: 8,
+            lora: Vec::new(),
+            lora_scale: 1.0,
+            chat_template: None,
+            prefix_cache: true,
+        }
+    }
+}
+
+/// Starts the worker thread of the model at `path`: it loads the model as `opts` say (packed,
+/// or dequantized) and then serves jobs, up to `opts.slots` sequences at once. Returns once the
+/// model is loaded.
 ///
 /// # Errors
 /// A load error as a message (the thread has ended then).
-#[allow(clippy::too_many_arguments)]
 pub fn start(
     path: PathBuf,
-    device: Option<String>,
-    dequantize: bool,
-    ctx_cap: usize,
-    slots: usize,
-    lora: (Vec<PathBuf>, f32),
+    opts: WorkerOptions,
     metrics: Arc<Metrics>,
 ) -> Result<ModelHandle, String> {
-    let (lora_paths, lora_scale) = lora;
+    let WorkerOptions {
+        device,
+        dequantize,
+        ctx_cap,
+        slots,
+        lora: lora_paths,
+        lora_scale,
+        chat_template,
+        prefix_cache,
+    } = opts;
     let adapters: Vec<(PathBuf, f32)> =
         lora_paths.iter().map(|p| (p.clone(), lora_scale)).collect();
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
@@ -179,7 +242,22 @@ pub fn start(
                     return;
                 }
             };
-            let template = match ChatTemplate::from_gguf(&loaded.file, &loaded.tokenizer) {
+            let template = match &chat_template {
+                Some(source) => {
+                    let text = |id: Option<u32>| {
+                        id.and_then(|i| loaded.tokenizer.token_text(i))
+                            .unwrap_or_default()
+                            .to_string()
+                    };
+                    let (bos, eos) = (
+                        text(loaded.tokenizer.bos_id()),
+                        text(loaded.tokenizer.eos_id()),
+                    );
+                    ChatTemplate::new(source, &bos, &eos)
+                }
+                None => ChatTemplate::from_gguf(&loaded.file, &loaded.tokenizer),
+            };
+            let template = match template {
                 Ok(t) => t,
                 Err(e) => {
                     let _ = ready_tx.send(Err(format!("{}: {e}", path.display())));
@@ -198,6 +276,12 @@ pub fn start(
                     }
                 }
             }
+            let grammars =
+                GrammarCompiler::new(&loaded.tokenizer, loaded.model.config().vocab_size)
+                    .map_err(|e| e.to_string());
+            if let Err(e) = &grammars {
+                tracing::warn!("{}: no structured outputs: {e}", path.display());
+            }
             let tokenizer = Arc::new(loaded.tokenizer);
             let fits = loaded.model.max_positions(slots.max(1));
             if fits < loaded.model.config().context_length.min(ctx_cap) {
@@ -209,13 +293,18 @@ pub fn start(
                 );
             }
             let n_ctx = loaded.model.config().context_length.min(ctx_cap).min(fits);
-            let _ = ready_tx.send(Ok((tokenizer.clone(), Arc::new(template), n_ctx)));
+            let _ = ready_tx.send(Ok((tokenizer.clone(), Arc::new(template), n_ctx, grammars)));
             drop(loaded.file);
             let mut worker = Worker {
                 model: &loaded.model,
                 tokenizer: &tokenizer,
                 state: BatchState::new(slots.max(1)),
                 free: (0..slots.max(1)).rev().collect(),
+                cached: vec![Vec::new(); slots.max(1)],
+                cached_lora: vec![None; slots.max(1)],
+                last_used: vec![0; slots.max(1)],
+                rounds: 0,
+                prefix_cache,
                 waiting: VecDeque::new(),
                 active: Vec::new(),
                 metrics: &metrics,
@@ -228,13 +317,14 @@ pub fn start(
         })
         .map_err(|e| format!("could not start a model thread: {e}"))?;
     match ready_rx.recv() {
-        Ok(Ok((tokenizer, template, n_ctx))) => Ok(ModelHandle {
+        Ok(Ok((tokenizer, template, n_ctx, grammars))) => Ok(ModelHandle {
             tokenizer,
             template,
             n_ctx,
             jobs: jobs_tx,
             running,
             adapters,
+            grammars,
             thread,
         }),
         Ok(Err(e)) => Err(e),
@@ -250,6 +340,8 @@ struct Sequence {
     /// Its slot in the worker's [`BatchState`].
     slot: usize,
     sampler: Sampler,
+    /// Its grammar state, if the request has one (taken out while its mask is computed).
+    constraint: Option<TokenConstraint>,
     /// Prompt tokens in the cache.
     fed: usize,
     generated: Vec<u32>,
@@ -278,6 +370,17 @@ struct Worker<'a> {
     state: BatchState,
     /// Free slots of `state`.
     free: Vec<usize>,
+    /// Per slot, the tokens whose state it holds: a running sequence's fed tokens, or what a
+    /// finished one left for reuse.
+    cached: Vec<Vec<u32>>,
+    /// Per slot, the adapters its cached state was computed with.
+    cached_lora: Vec<Option<Arc<DecoderLora>>>,
+    /// Per slot, the round it was last taken (the least recent free slot is overwritten first).
+    last_used: Vec<u64>,
+    /// Rounds run so far.
+    rounds: u64,
+    /// Whether a new request may start after a cached prefix.
+    prefix_cache: bool,
     /// Jobs waiting for a slot (only when more jobs reach this worker than it has slots).
     waiting: VecDeque<Job>,
     active: Vec<Sequence>,
@@ -315,24 +418,51 @@ impl Worker<'_> {
         }
     }
 
-    /// Gives waiting jobs free slots.
+    /// Gives waiting jobs free slots: each the slot whose cached tokens share the longest
+    /// prefix with its prompt (at most all but the prompt's last token, which the first pass
+    /// needs), else the least recently used one.
     fn admit(&mut self) {
-        while !self.waiting.is_empty() {
-            let Some(slot) = self.free.pop() else {
+        while !self.waiting.is_empty() && !self.free.is_empty() {
+            let Some(mut job) = self.waiting.pop_front() else {
                 break;
             };
-            let Some(job) = self.waiting.pop_front() else {
-                break;
-            };
-            self.metrics.request();
-            self.state.truncate(slot, 0);
             let lora = self.lora_for(job.lora.as_deref());
+            let usable = job.prompt_ids.len().saturating_sub(1);
+            // A cache computed with other adapters is not this request's prefix.
+            let same_lora = |slot: usize| match (&self.cached_lora[slot], &lora) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            let (at, common) = (self.free.iter().enumerate())
+                .map(|(k, &slot)| {
+                    let common = if self.prefix_cache && same_lora(slot) {
+                        common_prefix(&self.cached[slot], &job.prompt_ids).min(usable)
+                    } else {
+                        0
+                    };
+                    (k, common)
+                })
+                .max_by_key(|&(k, common)| {
+                    (common, std::cmp::Reverse(self.last_used[self.free[k]]))
+                })
+                .unwrap_or((0, 0));
+            let slot = self.free.swap_remove(at);
+            self.metrics.request();
+            let kept = self.state.truncate(slot, common);
+            let had = self.cached[slot].len();
+            self.cached[slot].truncate(kept);
+            self.metrics.prefix_cache(kept, had - kept);
+            self.last_used[slot] = self.rounds;
+            self.cached_lora[slot] = lora.clone();
+            let constraint = job.constraint.take();
             self.active.push(Sequence {
                 lora,
                 sampler: Sampler::new(job.sampler.clone()),
+                constraint,
                 job,
                 slot,
-                fed: 0,
+                fed: kept,
                 generated: Vec::new(),
                 text: String::new(),
                 sent: 0,
@@ -367,13 +497,18 @@ impl Worker<'_> {
             .clone()
     }
 
-    /// Drops ended sequences (and their permits) and frees their slots.
+    /// Drops ended sequences (and their permits) and frees their slots, which keep the state
+    /// of the tokens they hold for a later request sharing their prefix.
     fn retire(&mut self) {
-        let free = &mut self.free;
+        let (free, cached, state) = (&mut self.free, &mut self.cached, &self.state);
         self.active.retain(|s| {
             let keep = !s.done && !s.job.events.is_closed();
             if !keep {
                 free.push(s.slot);
+                // The cache holds the prompt and every generated token but the last.
+                let held = state.len(s.slot);
+                let tokens = s.job.prompt_ids.iter().chain(&s.generated).take(held);
+                cached[s.slot] = tokens.copied().collect();
             }
             keep
         });
@@ -383,6 +518,7 @@ impl Worker<'_> {
     /// step of every sequence past its prompt. A failed pass ends every sequence (the batch
     /// state is lost with it).
     fn round(&mut self) {
+        self.rounds += 1;
         // A client that left frees its slot before any work is done for it.
         for s in &mut self.active {
             s.done |= s.job.events.is_closed();
@@ -442,6 +578,19 @@ impl Worker<'_> {
         let s = &mut self.active[i];
         s.fed = end;
         if s.prefilled() {
+            // A recurrent model's state at the end of the prompt, for a later request that
+            // shares the prompt (nothing to copy for attention-only models).
+            self.state.checkpoint(s.slot);
+            let s = &mut self.active[i];
+            let logits = match s.constraint.as_mut().map(TokenConstraint::compute_bias) {
+                None => logits,
+                Some(Ok(bias)) => apply_bias(logits, 0, bias).map_err(|e| e.to_string())?,
+                Some(Err(e)) => {
+                    self.end_with_error(i, &e.to_string());
+                    self.metrics.prefill(tokens, t.elapsed());
+                    return Ok(());
+                }
+            };
             let token = self.choose(i, logits)?;
             self.metrics.prefill(tokens, t.elapsed());
             self.metrics.first_token_generated();
@@ -469,16 +618,54 @@ impl Worker<'_> {
             .map(|(&i, id)| (self.active[i].slot, &id[..]))
             .collect();
         let lora = self.active[group[0]].lora.clone();
-        let logits = self
-            .model
-            .forward_batch_with(&mut self.state, &seqs, false, lora.as_deref())
-            .map_err(|e| e.to_string())?;
+        // The constrained rows' masks, computed beside the pass.
+        let mut constrained: Vec<(usize, TokenConstraint)> = (group.iter().enumerate())
+            .filter_map(|(r, &i)| Some((r, self.active[i].constraint.take()?)))
+            .collect();
+        let (model, state) = (self.model, &mut self.state);
+        let (logits, biases) = std::thread::scope(|scope| {
+            let masks = (!constrained.is_empty()).then(|| {
+                scope.spawn(|| {
+                    (constrained.iter_mut())
+                        .map(|(_, c)| c.compute_bias())
+                        .collect::<Vec<_>>()
+                })
+            });
+            let logits = model.forward_batch_with(state, &seqs, false, lora.as_deref());
+            let biases = masks.map(|h| h.join());
+            (logits, biases)
+        });
+        let mut failed = Vec::new();
+        let mut logits = logits.map_err(|e| e.to_string())?;
+        if let Some(biases) = biases {
+            let biases = biases.map_err(|_| "the grammar engine panicked".to_string())?;
+            for ((r, c), bias) in constrained.into_iter().zip(biases) {
+                let i = group[r];
+                self.active[i].constraint = Some(c);
+                match bias {
+                    Ok(b) => logits = apply_bias(logits, r, b).map_err(|e| e.to_string())?,
+                    Err(e) => failed.push((i, e.to_string())),
+                }
+            }
+        }
+        for (i, e) in failed {
+            self.end_with_error(i, &e);
+        }
         let tokens = self.choose_rows(group, logits)?;
         self.metrics.decode(group.len(), t.elapsed());
         for (&i, token) in group.iter().zip(tokens) {
-            self.accept(i, token);
+            if !self.active[i].done {
+                self.accept(i, token);
+            }
         }
         Ok(())
+    }
+
+    /// Ends sequence `i` alone with an error (its grammar failed); the batch goes on.
+    fn end_with_error(&mut self, i: usize, message: &str) {
+        let s = &mut self.active[i];
+        let _ = s.job.events.send(Event::Error(message.to_string()));
+        s.done = true;
     }
 
     /// The next token of each sequence of `group` from its row of `logits` `[group.len(),
@@ -519,11 +706,25 @@ impl Worker<'_> {
         let tokenizer = self.tokenizer;
         let seq = &mut self.active[i];
         seq.generated.push(token);
-        let eog = tokenizer.is_eog(token);
+        let mut eog = tokenizer.is_eog(token);
+        // The grammar takes the token; once it is complete nothing but the end may follow, so
+        // the sequence ends here instead of spending a pass on the end token.
+        if !eog && let Some(c) = seq.constraint.as_mut() {
+            if let Err(e) = c.commit(token) {
+                let _ = seq.job.events.send(Event::Error(e.to_string()));
+                seq.done = true;
+                return;
+            }
+            eog = c.is_done();
+        }
         let last = eog || seq.generated.len() >= seq.job.max_tokens;
         // Text grows only by complete UTF-8, except at the end, where the last (lossy) decode
         // is taken as `run` does.
-        if let Ok(full) = tokenizer.decode(&seq.generated)
+        let ids = match seq.generated.split_last() {
+            Some((&t, rest)) if tokenizer.is_eog(t) => rest,
+            _ => &seq.generated[..],
+        };
+        if let Ok(full) = tokenizer.decode_with(ids, seq.job.special_text)
             && (last || !full.ends_with('\u{FFFD}'))
             && full.starts_with(seq.text.as_str())
         {
@@ -565,7 +766,15 @@ impl Worker<'_> {
             }
         }
         self.state = BatchState::new(self.state.slots());
+        for c in &mut self.cached {
+            c.clear();
+        }
     }
+}
+
+/// Length of the longest common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// The log-probability of `token` and the `k` most likely tokens under `logits` `[1, vocab]`:

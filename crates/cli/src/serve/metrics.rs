@@ -29,6 +29,9 @@ pub struct Metrics {
     batch_rows: Histogram,
     ttft: Histogram,
     requests: Counter,
+    prefix_hits: Counter,
+    prefix_tokens: Counter,
+    prefix_evicted: Counter,
 }
 
 impl Default for Metrics {
@@ -56,6 +59,9 @@ impl Metrics {
             // 10 ms to about 80 s.
             ttft: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             requests: Counter::default(),
+            prefix_hits: Counter::default(),
+            prefix_tokens: Counter::default(),
+            prefix_evicted: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -114,7 +120,32 @@ impl Metrics {
             "Requests that reached a worker",
             m.requests.clone(),
         );
+        registry.register(
+            "prefix_cache_hits",
+            "Requests that started after a prompt prefix already in a slot's cache",
+            m.prefix_hits.clone(),
+        );
+        registry.register(
+            "prefix_cache_reused_tokens",
+            "Prompt tokens not computed because a slot's cache held them",
+            m.prefix_tokens.clone(),
+        );
+        registry.register(
+            "prefix_cache_evicted_tokens",
+            "Cached tokens dropped when their slot took a request that did not share them",
+            m.prefix_evicted.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// A request reused `tokens` cached prompt tokens; `evicted` cached tokens of its slot were
+    /// dropped.
+    pub fn prefix_cache(&self, tokens: usize, evicted: usize) {
+        if tokens > 0 {
+            self.prefix_hits.inc();
+            self.prefix_tokens.inc_by(tokens as u64);
+        }
+        self.prefix_evicted.inc_by(evicted as u64);
     }
 
     /// A request reached a worker.

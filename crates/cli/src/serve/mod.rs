@@ -14,8 +14,10 @@
 pub mod api;
 pub mod body;
 pub mod engine;
+pub mod format;
 pub mod metrics;
 pub mod models;
+mod response;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +28,6 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
@@ -35,8 +36,9 @@ use tokio::sync::Semaphore;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use api::{ApiError, LogprobsStyle, Reasoning};
-use engine::{Event, FinishReason, Job, Logprobs, ModelHandle};
+use engine::{Event, Job, ModelHandle};
 use metrics::Metrics;
+use response::{Kind, Meta, collect_response, stream_response};
 
 /// Options of `serve` (its command line).
 #[derive(Clone, Debug, clap::Args)]
@@ -85,6 +87,15 @@ pub struct ServeOptions {
     /// The default factor of the adapters' updates.
     #[arg(long, default_value_t = 1.0)]
     pub lora_scale: f32,
+    /// A Jinja chat template file used for every model instead of the file's own (as
+    /// llama-server's `--chat-template-file`): e.g. one with tool support for a model whose
+    /// template has none.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<std::path::PathBuf>,
+    /// Compute every prompt in full: no request starts after the prefix a slot's cache holds
+    /// (a finished request's prompt and reply stay in its slot for reuse otherwise).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 /// A served model.
@@ -155,6 +166,13 @@ impl Server {
         for spec in &opts.models {
             sources.extend(models::resolve(spec)?);
         }
+        let chat_template = match &opts.chat_template {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| format!("--chat-template {}: {e}", p.display()))?,
+            ),
+            None => None,
+        };
         let metrics = Arc::new(Metrics::new());
         let mut served: Vec<Served> = Vec::new();
         for s in sources {
@@ -162,15 +180,17 @@ impl Server {
                 return Err(format!("two models are named '{}'", s.id));
             }
             eprintln!("loading '{}' from {}", s.id, s.path.display());
-            let handle = engine::start(
-                s.path.clone(),
-                opts.device.clone(),
-                opts.dequantize,
-                opts.ctx_size,
-                opts.max_concurrent,
-                (opts.lora.clone(), opts.lora_scale),
-                metrics.clone(),
-            )?;
+            let worker = engine::WorkerOptions {
+                device: opts.device.clone(),
+                dequantize: opts.dequantize,
+                ctx_cap: opts.ctx_size,
+                slots: opts.max_concurrent,
+                lora: opts.lora.clone(),
+                lora_scale: opts.lora_scale,
+                chat_template: chat_template.clone(),
+                prefix_cache: !opts.no_prefix_cache,
+            };
+            let handle = engine::start(s.path.clone(), worker, metrics.clone())?;
             served.push(Served { id: s.id, handle });
         }
         Ok(Self {
@@ -414,6 +434,8 @@ struct Prepared<'a> {
     prompt_ids: Vec<u32>,
     checked: api::Checked,
     max_tokens: usize,
+    constraint: Option<burn_gguf_models::structured::TokenConstraint>,
+    special_text: bool,
 }
 
 /// Queues `p` on its model's worker. Returns the event receiver.
@@ -427,6 +449,8 @@ async fn submit(s: &AppState, p: Prepared<'_>) -> Result<UnboundedReceiver<Event
         stop: p.checked.stop,
         logprobs: p.checked.logprobs,
         lora: p.checked.lora,
+        constraint: p.constraint,
+        special_text: p.special_text,
         events: tx,
         permit,
     };
@@ -435,13 +459,6 @@ async fn submit(s: &AppState, p: Prepared<'_>) -> Result<UnboundedReceiver<Event
             .status(StatusCode::SERVICE_UNAVAILABLE)
     })?;
     Ok(rx)
-}
-
-/// Which endpoint a response is for.
-#[derive(Clone, Copy)]
-enum Kind {
-    Chat,
-    Completion,
 }
 
 async fn chat_completions(State(s): State<Shared>, body: Body) -> Response {
@@ -455,7 +472,8 @@ async fn chat_inner(s: &Shared, body: Body) -> Result<Response, ApiError> {
     let req: api::ChatRequest = parse_body(s, body).await?;
     let served = model(s, &req.model)?;
     let messages = api::check_messages(&req.messages)?;
-    let checked = api::check_generation(&req.generation, LogprobsStyle::Chat)?;
+    let mut checked = api::check_generation(&req.generation, LogprobsStyle::Chat)?;
+    let tools = api::check_tools(&req)?;
     // Precedence: the request's `reasoning`, then its `chat_template_kwargs`, then --reasoning.
     let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
     let reasoning = match req.reasoning {
@@ -472,6 +490,10 @@ async fn chat_inner(s: &Shared, body: Body) -> Result<Response, ApiError> {
         }
         Reasoning::Auto => {}
     }
+    let tool_mode = match &tools {
+        Some(t) => tool_mode(served, t, &mut checked, &mut vars)?,
+        None => None,
+    };
     let prompt = served
         .handle
         .template
@@ -482,7 +504,80 @@ async fn chat_inner(s: &Shared, body: Body) -> Result<Response, ApiError> {
         .tokenizer
         .encode_prompt(&prompt)
         .map_err(|e| ApiError::bad_request(format!("tokenizer: {e}"), Some("messages")))?;
-    finish(s, served, prompt_ids, checked, &req.generation, Kind::Chat).await
+    finish(
+        s,
+        served,
+        prompt_ids,
+        checked,
+        &req.generation,
+        Kind::Chat,
+        tool_mode,
+    )
+    .await
+}
+
+/// Readies a chat request's tools: the template's `tools` variable, and for `required` or a
+/// named function the grammar of one call. Returns how the reply is read for calls (`None`
+/// for `tool_choice` `none`).
+///
+/// # Errors
+/// A 400 naming `tools` when the model's template takes none, `logprobs` with tools,
+/// `response_format` beside a forced call, or `tool_choice` when the template's syntax has no
+/// grammar for a forced call.
+fn tool_mode(
+    served: &Served,
+    t: &api::ToolRequest,
+    checked: &mut api::Checked,
+    vars: &mut serde_json::Map<String, Value>,
+) -> Result<Option<response::ToolMode>, ApiError> {
+    use burn_gguf_models::tool_calls::ToolCallFormat;
+    let Some(format) = ToolCallFormat::detect(served.handle.template.source()) else {
+        return Err(ApiError::bad_request(
+            format!(
+                "model '{}': its chat template takes no tools (serve --chat-template FILE gives \
+                 one that does)",
+                served.id
+            ),
+            Some("tools"),
+        ));
+    };
+    if checked.logprobs.is_some() {
+        return Err(ApiError::bad_request(
+            "logprobs with tools is not supported",
+            Some("logprobs"),
+        ));
+    }
+    let list = t.tools.iter().map(|t| t.to_template_value()).collect();
+    vars.insert("tools".into(), Value::Array(list));
+    let forced = match &t.choice {
+        api::ToolChoice::None => return Ok(None),
+        api::ToolChoice::Auto => false,
+        api::ToolChoice::Required | api::ToolChoice::Named(_) => {
+            if checked.grammar.is_some() {
+                return Err(ApiError::bad_request(
+                    "response_format cannot be combined with a required tool call",
+                    Some("response_format"),
+                ));
+            }
+            let chosen: Vec<_> = match &t.choice {
+                api::ToolChoice::Named(n) => {
+                    t.tools.iter().filter(|x| &x.name == n).cloned().collect()
+                }
+                _ => t.tools.clone(),
+            };
+            let tokenizer = &served.handle.tokenizer;
+            let grammar = format
+                .grammar(&chosen, |text| tokenizer.token_to_id(text))
+                .map_err(|e| ApiError::bad_request(e, Some("tool_choice")))?;
+            checked.grammar = Some(grammar);
+            true
+        }
+    };
+    Ok(Some(response::ToolMode {
+        format,
+        forced,
+        parallel: t.parallel && !forced,
+    }))
 }
 
 async fn completions(State(s): State<Shared>, body: Body) -> Response {
@@ -525,6 +620,7 @@ async fn completion_inner(s: &Shared, body: Body) -> Result<Response, ApiError> 
         checked,
         &req.generation,
         Kind::Completion,
+        None,
     )
     .await
 }
@@ -536,6 +632,7 @@ async fn finish(
     checked: api::Checked,
     g: &api::Generation,
     kind: Kind,
+    tools: Option<response::ToolMode>,
 ) -> Result<Response, ApiError> {
     if prompt_ids.is_empty() {
         return Err(ApiError::bad_request("the prompt has no tokens", None));
@@ -553,11 +650,17 @@ async fn finish(
             Some("lora"),
         ));
     }
+    let constraint = match &checked.grammar {
+        None => None,
+        Some(g) => Some(compile_grammar(served, g.clone()).await?),
+    };
     let p = Prepared {
         served,
         prompt_ids,
         max_tokens,
         checked,
+        constraint,
+        special_text: tools.is_some(),
     };
     let id = format!(
         "{}-{}",
@@ -574,6 +677,7 @@ async fn finish(
         model: served.id.clone(),
         created: now_secs(),
         kind,
+        tools,
     };
     if g.stream {
         let include_usage = g.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -583,249 +687,28 @@ async fn finish(
     }
 }
 
-/// Fields every response object carries.
-#[derive(Clone)]
-struct Meta {
-    id: String,
-    model: String,
-    created: u64,
-    kind: Kind,
-}
-
-impl Meta {
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.kind, chunk) {
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Completion, _) => "text_completion",
+/// `grammar` compiled for `served`'s vocabulary, off the async threads (a large schema takes
+/// a while).
+///
+/// # Errors
+/// A 400 naming `response_format` with the compiler's reason, or when the model's vocabulary
+/// has no grammar support.
+async fn compile_grammar(
+    served: &Served,
+    grammar: burn_gguf_models::structured::Grammar,
+) -> Result<burn_gguf_models::structured::TokenConstraint, ApiError> {
+    let bad = |m: String| ApiError::bad_request(m, Some("response_format"));
+    let compiler = match &served.handle.grammars {
+        Ok(c) => c.clone(),
+        Err(e) => {
+            return Err(bad(format!(
+                "model '{}' has no structured outputs: {e}",
+                served.id
+            )));
         }
-    }
-
-    /// One choice carrying `text` (a delta when streaming) and, when asked for, the
-    /// log-probabilities of its tokens (`logprobs` `Some`; `text_offset` of the first).
-    fn choice(
-        &self,
-        text: Option<&str>,
-        finish: Option<FinishReason>,
-        chunk: bool,
-        logprobs: Option<(&[Logprobs], usize)>,
-    ) -> Value {
-        let reason = finish.map(FinishReason::as_str);
-        let lp = logprobs.map_or(Value::Null, |(lps, offset)| match self.kind {
-            Kind::Chat => chat_logprobs(lps),
-            Kind::Completion => completion_logprobs(lps, offset),
-        });
-        match self.kind {
-            Kind::Chat if chunk => {
-                let delta = match text {
-                    Some(t) => json!({ "content": t }),
-                    None => json!({}),
-                };
-                json!({ "index": 0, "delta": delta, "finish_reason": reason, "logprobs": lp })
-            }
-            Kind::Chat => json!({
-                "index": 0,
-                "message": { "role": "assistant", "content": text.unwrap_or("") },
-                "finish_reason": reason,
-                "logprobs": lp,
-            }),
-            Kind::Completion => json!({
-                "index": 0,
-                "text": text.unwrap_or(""),
-                "finish_reason": reason,
-                "logprobs": lp,
-            }),
-        }
-    }
-
-    fn body(&self, choices: Vec<Value>, usage: Option<Value>, chunk: bool) -> Value {
-        let mut v = json!({
-            "id": self.id,
-            "object": self.object(chunk),
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if let Some(u) = usage {
-            v["usage"] = u;
-        }
-        v
-    }
-}
-
-/// A chat choice's `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
-fn chat_logprobs(lps: &[Logprobs]) -> Value {
-    let one = |t: &engine::TokenLogprob| json!({ "token": t.token, "logprob": t.logprob, "bytes": t.bytes });
-    let content: Vec<Value> = lps
-        .iter()
-        .map(|l| {
-            let mut v = one(&l.chosen);
-            v["top_logprobs"] = Value::Array(l.top.iter().map(one).collect());
-            v
-        })
-        .collect();
-    json!({ "content": content })
-}
-
-/// A completion choice's `logprobs` (the legacy shape): `tokens`, `token_logprobs`,
-/// `top_logprobs` (one `{token: logprob}` object per token) and `text_offset` (characters from
-/// the start of the generated text, the first at `offset`).
-fn completion_logprobs(lps: &[Logprobs], offset: usize) -> Value {
-    let mut at = offset;
-    let mut offsets = Vec::with_capacity(lps.len());
-    for l in lps {
-        offsets.push(at);
-        at += l.chosen.token.chars().count();
-    }
-    json!({
-        "tokens": lps.iter().map(|l| l.chosen.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": lps.iter().map(|l| l.chosen.logprob).collect::<Vec<_>>(),
-        "top_logprobs": lps
-            .iter()
-            .map(|l| {
-                let mut m = serde_json::Map::new();
-                for t in &l.top {
-                    m.entry(t.token.clone()).or_insert(json!(t.logprob));
-                }
-                Value::Object(m)
-            })
-            .collect::<Vec<_>>(),
-        "text_offset": offsets,
-    })
-}
-
-/// Characters the tokens of `lps` cover (the next `text_offset`).
-fn logprob_chars(lps: &[Logprobs]) -> usize {
-    lps.iter().map(|l| l.chosen.token.chars().count()).sum()
-}
-
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    })
-}
-
-async fn collect_response(
-    meta: Meta,
-    mut rx: UnboundedReceiver<Event>,
-    logprobs: bool,
-) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut lps: Vec<Logprobs> = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Text(t, l) => {
-                text.push_str(&t);
-                lps.extend(l);
-            }
-            Event::Done {
-                finish_reason,
-                prompt_tokens,
-                completion_tokens,
-            } => {
-                let lp = logprobs.then_some((&lps[..], 0));
-                let body = meta.body(
-                    vec![meta.choice(Some(&text), Some(finish_reason), false, lp)],
-                    Some(usage(prompt_tokens, completion_tokens)),
-                    false,
-                );
-                return Ok(axum::Json(body).into_response());
-            }
-            Event::Error(e) => {
-                return Err(
-                    ApiError::bad_request(format!("generation failed: {e}"), None)
-                        .status(StatusCode::INTERNAL_SERVER_ERROR),
-                );
-            }
-        }
-    }
-    Err(
-        ApiError::bad_request("generation ended without a result", None)
-            .status(StatusCode::INTERNAL_SERVER_ERROR),
-    )
-}
-
-/// The server-sent event stream: a first chunk with the role (chat), content chunks, a last
-/// chunk with `finish_reason`, an optional usage chunk, then `data: [DONE]`. Dropping the
-/// stream (client gone) drops the receiver, which the worker sees before its next step.
-fn stream_response(
-    meta: Meta,
-    rx: UnboundedReceiver<Event>,
-    include_usage: bool,
-    logprobs: bool,
-) -> Response {
-    enum St {
-        Start,
-        Running,
-        Usage(Value),
-        Done,
-        End,
-    }
-    let data =
-        |v: Value| Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string()));
-    // The state carries the characters streamed so far (the next `text_offset`).
-    let stream = futures_lite::stream::unfold(
-        (rx, St::Start, meta, 0usize),
-        move |(mut rx, st, meta, chars)| async move {
-            match st {
-                St::Start => {
-                    let first = match meta.kind {
-                        Kind::Chat => {
-                            json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "finish_reason": null, "logprobs": null })
-                        }
-                        Kind::Completion => meta.choice(Some(""), None, true, None),
-                    };
-                    let ev = data(meta.body(vec![first], None, true));
-                    Some((ev, (rx, St::Running, meta, chars)))
-                }
-                St::Running => match rx.recv().await {
-                    Some(Event::Text(t, lps)) => {
-                        let lp = logprobs.then_some((&lps[..], chars));
-                        let ev = data(meta.body(
-                            vec![meta.choice(Some(&t), None, true, lp)],
-                            None,
-                            true,
-                        ));
-                        Some((ev, (rx, St::Running, meta, chars + logprob_chars(&lps))))
-                    }
-                    Some(Event::Done {
-                        finish_reason,
-                        prompt_tokens,
-                        completion_tokens,
-                    }) => {
-                        let ev = data(meta.body(
-                            vec![meta.choice(None, Some(finish_reason), true, None)],
-                            None,
-                            true,
-                        ));
-                        let next = if include_usage {
-                            St::Usage(usage(prompt_tokens, completion_tokens))
-                        } else {
-                            St::Done
-                        };
-                        Some((ev, (rx, next, meta, chars)))
-                    }
-                    Some(Event::Error(e)) => {
-                        let ev = data(
-                            json!({ "error": { "message": format!("generation failed: {e}"), "type": "server_error", "param": null, "code": null } }),
-                        );
-                        Some((ev, (rx, St::Done, meta, chars)))
-                    }
-                    None => None,
-                },
-                St::Usage(u) => {
-                    let ev = data(meta.body(Vec::new(), Some(u), true));
-                    Some((ev, (rx, St::Done, meta, chars)))
-                }
-                St::Done => Some((
-                    Ok(SseEvent::default().data("[DONE]")),
-                    (rx, St::End, meta, chars),
-                )),
-                St::End => None,
-            }
-        },
-    );
-    Sse::new(stream).into_response()
+    };
+    tokio::task::spawn_blocking(move || compiler.compile(&grammar))
+        .await
+        .map_err(|_| bad("the grammar compiler failed".into()))?
+        .map_err(|e| bad(format!("response_format: {e}")))
 }
