@@ -3,7 +3,7 @@
 //! Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (both with
 //! `stream: true` as server-sent events ending in `data: [DONE]`), `GET /health`, and
 //! `GET /metrics` (Prometheus text, [`metrics`]). Requests may ask for structured outputs
-//! (`response_format`) and tool calls (`tools`, [`format`]); fields the server does not honour
+//! (`response_format`) and tool calls (`tools`, [`mod@format`]); fields the server does not honour
 //! are refused with a 400 ([`format::Unsupported`]).
 //!
 //! Each model has one worker thread ([`engine`]) that owns its weights on the device and
