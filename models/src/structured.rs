@@ -241,16 +241,20 @@ fn json_grammar(mut schema: serde_json::Value) -> Result<TopLevelGrammar, Struct
         )));
     };
     if !obj.contains_key("x-guidance") {
-        let options = JsonCompileOptions {
-            whitespace_flexible: false,
-            whitespace_pattern: Some(JSON_WHITESPACE.into()),
-            ..JsonCompileOptions::default()
-        };
-        let value =
-            serde_json::to_value(&options).map_err(|e| StructuredError::Compile(e.to_string()))?;
-        obj.insert("x-guidance".into(), value);
+        obj.insert("x-guidance".into(), json_options());
     }
     Ok(TopLevelGrammar::from_json_schema(schema))
+}
+
+/// llguidance's JSON options with this module's bounded whitespace, as the `x-guidance` value
+/// at the top of a schema (also of a Lark grammar's `%json` schema: `tool_calls`).
+pub(crate) fn json_options() -> serde_json::Value {
+    let options = JsonCompileOptions {
+        whitespace_flexible: false,
+        whitespace_pattern: Some(JSON_WHITESPACE.into()),
+        ..JsonCompileOptions::default()
+    };
+    serde_json::to_value(&options).unwrap_or_default()
 }
 
 /// The JSON type name of `v`, for messages.

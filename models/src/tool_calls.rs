@@ -260,10 +260,7 @@ impl ToolCallFormat {
         // llguidance reads its options at the top of a `%json` schema: JSON whitespace bounded
         // as in `structured`.
         let bounded = |mut schema: Value| {
-            schema["x-guidance"] = json!({
-                "whitespace_flexible": false,
-                "whitespace_pattern": crate::structured::JSON_WHITESPACE,
-            });
+            schema["x-guidance"] = crate::structured::json_options();
             schema
         };
         let lark = match self {

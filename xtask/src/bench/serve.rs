@@ -21,8 +21,9 @@ use std::time::Instant;
 use burn_gguf_cli::serve::engine::{self, Event, Job, ModelHandle};
 use burn_gguf_cli::serve::metrics::Metrics;
 use burn_gguf_models::SamplerConfig;
-use burn_gguf_models::structured::Grammar;
+use burn_gguf_models::structured::{Grammar, TokenConstraint};
 use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Sequences decoded together (the server's default `--max-concurrent`).
 const STREAMS: usize = 8;
@@ -53,7 +54,6 @@ fn batch(
     steps: usize,
     grammar: Option<&Grammar>,
 ) -> Result<Vec<Timeline>, String> {
-    let semaphore = Arc::new(tokio::sync::Semaphore::new(STREAMS));
     let mut receivers = Vec::with_capacity(STREAMS);
     for (i, prompt) in prompts.iter().enumerate() {
         let constraint = match (i, grammar) {
@@ -64,25 +64,7 @@ fn batch(
             ),
             _ => None,
         };
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let job = Job {
-            prompt_ids: prompt.clone(),
-            max_tokens: steps,
-            sampler: SamplerConfig {
-                temperature: 0.0,
-                ..SamplerConfig::default()
-            },
-            stop: Vec::new(),
-            logprobs: None,
-            lora: None,
-            constraint,
-            special_text: false,
-            events: tx,
-            permit: semaphore
-                .clone()
-                .try_acquire_owned()
-                .map_err(|e| e.to_string())?,
-        };
+        let (job, rx) = greedy_job(prompt, steps, constraint)?;
         handle.jobs.send(job).map_err(|e| e.to_string())?;
         receivers.push(rx);
     }
@@ -127,14 +109,16 @@ fn batch(
     Ok(out)
 }
 
-/// One request's time to first token and its text.
-fn ttft_and_text(
-    handle: &ModelHandle,
+/// A greedy job of `steps` tokens after `prompt`, with its own permit, and its event receiver.
+fn greedy_job(
     prompt: &[u32],
     steps: usize,
-) -> Result<(f64, String), String> {
-    let semaphore = Arc::new(tokio::sync::Semaphore::new(1));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    constraint: Option<TokenConstraint>,
+) -> Result<(Job, UnboundedReceiver<Event>), String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let permit = Arc::new(tokio::sync::Semaphore::new(1))
+        .try_acquire_owned()
+        .map_err(|e| e.to_string())?;
     let job = Job {
         prompt_ids: prompt.to_vec(),
         max_tokens: steps,
@@ -145,11 +129,21 @@ fn ttft_and_text(
         stop: Vec::new(),
         logprobs: None,
         lora: None,
-        constraint: None,
+        constraint,
         special_text: false,
         events: tx,
-        permit: semaphore.try_acquire_owned().map_err(|e| e.to_string())?,
+        permit,
     };
+    Ok((job, rx))
+}
+
+/// One request's time to first token and its text.
+fn ttft_and_text(
+    handle: &ModelHandle,
+    prompt: &[u32],
+    steps: usize,
+) -> Result<(f64, String), String> {
+    let (job, mut rx) = greedy_job(prompt, steps, None)?;
     let t = Instant::now();
     handle.jobs.send(job).map_err(|e| e.to_string())?;
     let (mut first, mut text) = (None, String::new());

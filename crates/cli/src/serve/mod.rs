@@ -19,6 +19,7 @@ pub mod engine;
 pub mod format;
 pub mod metrics;
 pub mod models;
+pub mod output;
 mod response;
 
 use std::net::SocketAddr;
