@@ -16,6 +16,7 @@
 //! sequences at their own positions (batched decode); a row whose slot or position is out of
 //! range does nothing.
 use crate::KernelError;
+use crate::gemv::Vec4;
 use cubecl::client::Client;
 use cubecl::prelude::*;
 
@@ -27,10 +28,22 @@ pub const ATTENTION_UNITS: u32 = 64;
 /// Most query heads one cube of `attention()` takes (heads sharing a KV head).
 pub const ATTENTION_MAX_HEADS: usize = 8;
 
-/// Lanes per key in `attention()`'s scores: the device's plane width where it is fixed, a
-/// power of two from 2 to [`ATTENTION_UNITS`], and the device runs plane ops
-/// ([`crate::plane_ops`]); else 1 (a key per unit).
+/// Lanes per key in `attention()`'s scores as the library launches it: 1 on a software device
+/// ([`crate::is_software_device`]; there the lanes of a plane are one thread's SIMD lanes, so
+/// a key per lane reads the query with one scalar load for all of them where lanes along the
+/// head dimension gather both the query and the key), else [`plane_lanes`].
 pub fn attention_lanes(client: &Client) -> u32 {
+    if crate::is_software_device(client) {
+        1
+    } else {
+        plane_lanes(client)
+    }
+}
+
+/// A plane per key: the device's plane width where it is fixed, a power of two from 2 to
+/// [`ATTENTION_UNITS`], and the device runs plane ops ([`crate::plane_ops`]); else 1 (a key
+/// per unit).
+pub fn plane_lanes(client: &Client) -> u32 {
     let hw = &client.properties().hardware;
     let width = hw.plane_size_max;
     let fixed = hw.plane_size_min == width
@@ -73,12 +86,12 @@ pub fn attention_heads(rep: usize) -> usize {
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    q: &[Vec4<f32>],
+    k_cache: &[Vec4<f32>],
+    v_cache: &[Vec4<f32>],
     rows: &[u32],
-    out: &mut [f32],
-    part_acc: &mut [f32],
+    out: &mut [Vec4<f32>],
+    part_acc: &mut [Vec4<f32>],
     part_ml: &mut [f32],
     n: u32,
     n_head: u32,
@@ -134,26 +147,34 @@ pub(crate) fn attention(
         sm[(r * units + unit) as usize] = 0.0f32;
     }
 
-    // Scores for every head of the block. With `lanes > 1`, a plane of `lanes` units per key
-    // (each lane a slice of the head dimension, added by a plane sum: the key's row is read
-    // once, by consecutive lanes); otherwise one key per unit.
+    // Scores for every head of the block, each key's row read once (as 4-value vectors) for
+    // all the heads. With `lanes > 1`, a plane of `lanes` units per key (each lane a slice of
+    // the head's vectors, added by a plane sum: the key's row is read once, by consecutive
+    // lanes); otherwise one key per unit.
+    let hd4 = head_dim / 4;
+    let mut part = Array::<f32>::new(comptime!(heads as usize));
     if comptime!(lanes > 1) {
         let lane = unit % lanes;
         let planes = units / lanes;
         // The same key for every lane of a plane, so the plane sums stay uniform.
         let mut j = k_start + unit / lanes;
         while live && j < k_end {
-            let k_base = (g * capacity + j) * head_dim;
+            key_dots(
+                q,
+                k_cache,
+                &mut part,
+                (g * capacity + j) * hd4,
+                t,
+                n_head,
+                h0,
+                hd4,
+                lane,
+                lanes,
+                heads,
+            );
             #[unroll]
             for r in 0..heads {
-                let q_base = (t * n_head + h0 + r) * head_dim;
-                let mut part = 0.0f32;
-                let mut d = lane;
-                while d < head_dim {
-                    part += q[(q_base + d) as usize] * k_cache[(k_base + d) as usize];
-                    d += lanes;
-                }
-                let dot = plane_sum(part);
+                let dot = plane_sum(part[r as usize]);
                 if lane == 0 {
                     scores[(r * split + j - k0) as usize] = soft_cap(dot * scale, softcap);
                 }
@@ -163,15 +184,22 @@ pub(crate) fn attention(
     } else {
         let mut j = k_start + unit;
         while live && j < k_end {
-            let k_base = (g * capacity + j) * head_dim;
+            key_dots(
+                q,
+                k_cache,
+                &mut part,
+                (g * capacity + j) * hd4,
+                t,
+                n_head,
+                h0,
+                hd4,
+                0u32,
+                1u32,
+                heads,
+            );
             #[unroll]
             for r in 0..heads {
-                let q_base = (t * n_head + h0 + r) * head_dim;
-                let mut dot = 0.0f32;
-                for d in 0..head_dim {
-                    dot += q[(q_base + d) as usize] * k_cache[(k_base + d) as usize];
-                }
-                scores[(r * split + j - k0) as usize] = soft_cap(dot * scale, softcap);
+                scores[(r * split + j - k0) as usize] = soft_cap(part[r as usize] * scale, softcap);
             }
             j += units;
         }
@@ -228,26 +256,52 @@ pub(crate) fn attention(
         sync_cube();
         stride /= 2;
     }
-    // The weighted sums of the values, one (head, output dimension) per unit at a time.
-    let mut idx = unit;
-    while live && idx < heads * head_dim {
-        let r = idx / head_dim;
-        let d = idx % head_dim;
-        let mut acc = 0.0f32;
+    // The weighted sums of the values: one 4-value vector of the head dimension per unit at a
+    // time, for every head of the block (each value vector read once for all of them). The
+    // score index does not depend on the unit, so the units read the same score (on a
+    // CPU-emulated device one scalar load for the SIMD lanes instead of a gather).
+    let mut acc = Array::<f32>::new(comptime!((heads * 4) as usize));
+    let mut d4 = unit;
+    while live && d4 < hd4 {
+        #[unroll]
+        for e in 0..comptime!(heads * 4) {
+            acc[e as usize] = 0.0;
+        }
         let mut i = k_start;
         while i < k_end {
-            acc += scores[(r * split + i - k0) as usize]
-                * v_cache[((g * capacity + i) * head_dim + d) as usize];
+            let v = v_cache[((g * capacity + i) * hd4 + d4) as usize];
+            #[unroll]
+            for r in 0..heads {
+                let p = scores[(r * split + i - k0) as usize];
+                #[unroll]
+                for c in 0..4u32 {
+                    let at = (r * 4 + c) as usize;
+                    acc[at] = fma(p, v.extract(c as usize), acc[at]);
+                }
+            }
             i += 1;
         }
-        let h = h0 + r;
-        if comptime!(direct) {
-            out[((t * n_head + h) * head_dim + d) as usize] = acc / sm[(r * units) as usize];
-        } else {
-            let th = t_local * n_head + h;
-            part_acc[((th * splits + s) * head_dim + d) as usize] = acc;
+        #[unroll]
+        for r in 0..heads {
+            let h = h0 + r;
+            let mut o = Vec4::<f32>::empty();
+            #[unroll]
+            for c in 0..4u32 {
+                let a = acc[(r * 4 + c) as usize];
+                if comptime!(direct) {
+                    o.insert(c as usize, a / sm[(r * units) as usize]);
+                } else {
+                    o.insert(c as usize, a);
+                }
+            }
+            if comptime!(direct) {
+                out[((t * n_head + h) * hd4 + d4) as usize] = o;
+            } else {
+                let th = t_local * n_head + h;
+                part_acc[((th * splits + s) * hd4 + d4) as usize] = o;
+            }
         }
-        idx += units;
+        d4 += units;
     }
     if comptime!(!direct) {
         if live && unit < heads {
@@ -256,6 +310,45 @@ pub(crate) fn attention(
             part_ml[at] = mx[(unit * units) as usize];
             part_ml[at + 1] = sm[(unit * units) as usize];
         }
+    }
+}
+
+/// `part[r] = q_r . k` for the `heads` query heads `h0..h0 + heads` of query row `t` and the
+/// key row at vector `k_base` of `k_cache`, over the head's 4-value vectors `lane, lane +
+/// lanes, ...` (`hd4` vectors a head): each key vector is loaded once for every head.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn key_dots(
+    q: &[Vec4<f32>],
+    k_cache: &[Vec4<f32>],
+    part: &mut Array<f32>,
+    k_base: u32,
+    t: u32,
+    n_head: u32,
+    h0: u32,
+    hd4: u32,
+    lane: u32,
+    #[comptime] lanes: u32,
+    #[comptime] heads: u32,
+) {
+    #[unroll]
+    for r in 0..heads {
+        part[r as usize] = 0.0;
+    }
+    let mut d = lane;
+    while d < hd4 {
+        let k = k_cache[(k_base + d) as usize];
+        #[unroll]
+        for r in 0..heads {
+            let qv = q[((t * n_head + h0 + r) * hd4 + d) as usize];
+            let mut sum = part[r as usize];
+            #[unroll]
+            for c in 0..4u32 {
+                sum = fma(qv.extract(c as usize), k.extract(c as usize), sum);
+            }
+            part[r as usize] = sum;
+        }
+        d += lanes;
     }
 }
 
@@ -414,6 +507,7 @@ pub fn launch_attention_lanes(
     };
     if s.n_head_kv == 0
         || hd == 0
+        || !hd.is_multiple_of(4)
         || !s.n_head.is_multiple_of(s.n_head_kv)
         || s.window == Some(0)
         || s.keys == 0
@@ -423,7 +517,10 @@ pub fn launch_attention_lanes(
     {
         return Err(crate::shape_err(
             OP,
-            format!("{s:?}: heads, window, keys or rows that do not fit"),
+            format!(
+                "{s:?}: heads, window, keys or rows that do not fit (the head size must be a \
+                 multiple of 4)"
+            ),
         ));
     }
     if q.len() < q_len
@@ -465,29 +562,49 @@ pub fn launch_attention_lanes(
             t as u32,
         )
     };
+    // The buffers' bindings and lengths in f32: the attention kernel reads q, the caches and
+    // writes its outputs as 4-value vectors (a quarter as many elements), the combine kernel
+    // as f32.
+    let [q, k_cache, v_cache, rows, out] = [q, k_cache, v_cache, rows, out].map(|a| {
+        let len = a.len();
+        match a {
+            BufferArg::Handle { handle } => Ok((handle.handle, len)),
+            BufferArg::Alias { .. } => Err(crate::shape_err(OP, "aliased buffer".into())),
+        }
+    });
+    let (q, k_cache, v_cache, rows, out) = (q?, k_cache?, v_cache?, rows?, out?);
+    // SAFETY (both): the same buffer, as its f32 values or as whole vectors of four.
+    let f32s = |(b, len): &(cubecl::server::BufferBinding, usize)| unsafe {
+        BufferArg::from_raw_parts_binding(b.clone(), *len)
+    };
+    let vec4s = |(b, len): &(cubecl::server::BufferBinding, usize)| unsafe {
+        BufferArg::from_raw_parts_binding(b.clone(), *len / 4)
+    };
     if splits == 1 {
         let cubes = u32::try_from(s.n * (s.n_head / heads))
             .map_err(|_| crate::shape_err(OP, format!("{s:?}: too many query heads")))?;
         let (n, nh, rep, hd, cap, slots, window, splits, t0) = args(0);
-        // SAFETY: one-value placeholders for the partials, which a direct launch never touches.
-        let none = || unsafe { BufferArg::from_raw_parts(client.empty(4), 1) };
+        // SAFETY: one-vector placeholders for the partials, which a direct launch never
+        // touches.
+        let none = |bytes: usize| unsafe { BufferArg::from_raw_parts(client.empty(bytes), 1) };
         // SAFETY: cubes past the last query row, and rows whose slot or position is out of
-        // range, do nothing; rows are read below 2n, q and out below n * n_head * head_dim, the
-        // caches below slots * n_head_kv * capacity * head_dim (slot < slots, keys up to a
-        // position < capacity), the shared scores below ATTENTION_SPLIT (each cube's keys
-        // lie in [lo + s * split, lo + (s + 1) * split)).
+        // range, do nothing; rows are read below 2n, q and out below n * n_head * head_dim
+        // values, the caches below slots * n_head_kv * capacity * head_dim (slot < slots, keys
+        // up to a position < capacity), the shared scores below ATTENTION_SPLIT (each cube's
+        // keys lie in [lo + s * split, lo + (s + 1) * split)); head_dim is a multiple of 4, so
+        // vector indices stay below a quarter of those.
         unsafe {
             attention::launch_unchecked(
                 client,
                 crate::cube_count_for(cubes),
                 dim,
-                q,
-                k_cache,
-                v_cache,
-                rows,
-                out,
-                none(),
-                none(),
+                vec4s(&q),
+                vec4s(&k_cache),
+                vec4s(&v_cache),
+                f32s(&rows),
+                vec4s(&out),
+                none(16),
+                none(4),
                 n,
                 nh,
                 rep,
@@ -513,18 +630,6 @@ pub fn launch_attention_lanes(
     let (acc_len, ml_len) = (per_launch * per_row, per_launch * s.n_head * splits * 2);
     let acc = client.empty(acc_len * 4);
     let ml = client.empty(ml_len * 4);
-    let [q, k_cache, v_cache, rows, out] = [q, k_cache, v_cache, rows, out].map(|a| {
-        let len = a.len();
-        match a {
-            BufferArg::Handle { handle } => Ok((handle.handle, len)),
-            BufferArg::Alias { .. } => Err(crate::shape_err(OP, "aliased buffer".into())),
-        }
-    });
-    let (q, k_cache, v_cache, rows, out) = (q?, k_cache?, v_cache?, rows?, out?);
-    // SAFETY (both): the same buffers with the lengths they were given.
-    let arg = |(b, len): &(cubecl::server::BufferBinding, usize)| unsafe {
-        BufferArg::from_raw_parts_binding(b.clone(), *len)
-    };
     for t0 in (0..s.n).step_by(per_launch) {
         let chunk = per_launch.min(s.n - t0);
         let cubes = u32::try_from(chunk * (s.n_head / heads) * splits)
@@ -532,18 +637,19 @@ pub fn launch_attention_lanes(
         let (n, nh, rep, hd_u, cap, slots, window, splits_u, t0_u) = args(t0);
         let n = n.min((t0 + chunk) as u32);
         // SAFETY: as above for q, out and the caches; the partials are written below
-        // chunk * n_head * splits * (head_dim | 2) values, within `acc` and `ml`.
+        // chunk * n_head * splits * (head_dim | 2) values, within `acc` and `ml` (acc_len is a
+        // multiple of head_dim, so of 4).
         unsafe {
             attention::launch_unchecked(
                 client,
                 crate::cube_count_for(cubes),
                 dim,
-                arg(&q),
-                arg(&k_cache),
-                arg(&v_cache),
-                arg(&rows),
-                arg(&out),
-                BufferArg::from_raw_parts(acc.clone(), acc_len),
+                vec4s(&q),
+                vec4s(&k_cache),
+                vec4s(&v_cache),
+                f32s(&rows),
+                vec4s(&out),
+                BufferArg::from_raw_parts(acc.clone(), acc_len / 4),
                 BufferArg::from_raw_parts(ml.clone(), ml_len),
                 n,
                 nh,
@@ -567,7 +673,7 @@ pub fn launch_attention_lanes(
                 CubeDim::new_1d(64),
                 BufferArg::from_raw_parts(acc.clone(), acc_len),
                 BufferArg::from_raw_parts(ml.clone(), ml_len),
-                arg(&out),
+                f32s(&out),
                 (chunk * s.n_head) as u32,
                 hd as u32,
                 splits_u,

@@ -1,7 +1,9 @@
 //! Text generation with a KV cache: prefill the prompt in one forward pass, then decode one
-//! token at a time.
+//! token a pass, or several with speculation ([`Session::set_speculation`],
+//! [`crate::speculative`]).
 use crate::Error;
 use crate::sampling::Sampler;
+use crate::speculative::{Drafter, SpecStats, Speculation, verify_async};
 use crate::tokenizer::GgufTokenizer;
 use burn::tensor::Tensor;
 use std::time::Duration;
@@ -30,6 +32,10 @@ pub trait CausalLm {
     /// Marks the cache's current length as one [`CausalLm::truncate_cache`] can go back to
     /// (a recurrent state's checkpoint). Nothing by default.
     fn checkpoint_cache(&self, _cache: &mut Self::Cache) {}
+    /// [`CausalLm::checkpoint_cache`] for a speculative verify pass, kept apart from the
+    /// prompt's checkpoint. Nothing by default: without it, cutting back rejected drafted
+    /// tokens may keep fewer tokens, which generation then runs again.
+    fn checkpoint_draft(&self, _cache: &mut Self::Cache) {}
 }
 
 impl CausalLm for crate::decoder::Decoder {
@@ -51,13 +57,19 @@ impl CausalLm for crate::decoder::Decoder {
     fn checkpoint_cache(&self, cache: &mut Self::Cache) {
         cache.checkpoint()
     }
+    fn checkpoint_draft(&self, cache: &mut Self::Cache) {
+        cache.checkpoint_draft()
+    }
 }
 
 /// A conversation's KV cache and the token ids it holds, carried across turns: a new prompt
 /// that starts with the same ids (a chat history rendered again) only runs its new tokens.
+/// Also how it decodes ([`Session::set_speculation`]).
 pub struct Session<C> {
     cache: C,
     ids: Vec<u32>,
+    speculation: Speculation,
+    drafter: Option<Drafter>,
 }
 
 impl<C> Session<C> {
@@ -71,12 +83,33 @@ impl<C> Session<C> {
         Self {
             cache,
             ids: Vec::new(),
+            speculation: Speculation::Off,
+            drafter: None,
         }
     }
 
     /// The ids whose keys and values are cached.
     pub fn ids(&self) -> &[u32] {
         &self.ids
+    }
+
+    /// Decodes with `speculation` from the next generation on: drafts from the context or a
+    /// draft model, verified in one pass ([`crate::speculative`]; the same greedy text, the
+    /// same sampling distribution), or one pass per token ([`Speculation::Off`], the default).
+    /// A draft model must share the target's vocabulary (the caller checks the tokenizers).
+    ///
+    /// # Errors
+    /// [`Error::Model`] for a configuration out of range ([`crate::NgramConfig::validate`],
+    /// a draft model's `draft_max`).
+    pub fn set_speculation(&mut self, speculation: Speculation) -> Result<(), Error> {
+        self.drafter = Drafter::new(&speculation)?;
+        self.speculation = speculation;
+        Ok(())
+    }
+
+    /// How the session decodes.
+    pub fn speculation(&self) -> &Speculation {
+        &self.speculation
     }
 }
 
@@ -115,6 +148,9 @@ pub struct Generation {
     pub text: String,
     /// Timings.
     pub timings: Timings,
+    /// Drafted and accepted tokens, with speculation on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<SpecStats>,
 }
 
 /// Where [`next_token`] draws from when the sampler is not greedy.
@@ -233,7 +269,7 @@ pub async fn sample_from_async(
 /// Runs a future of device read-backs to its end on this thread, as Burn's blocking
 /// `into_data` does: natively it blocks; on wasm, where a thread cannot wait for the GPU, it
 /// fails unless the future is ready at once (call the `_async` function there).
-fn read_now<T>(f: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+pub(crate) fn read_now<T>(f: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
     burn::tensor::try_read_sync(f).unwrap_or_else(|| {
         Err(Error::Device(
             "a blocking device read-back is not possible on this platform (wasm): \
@@ -355,12 +391,14 @@ pub async fn generate_ids_async<M: CausalLm>(
         }
         Ok(())
     };
+    let mut spec = session.drafter.as_ref().map(|_| SpecStats::default());
     if max_new == 0 {
         return Ok(Generation {
             prompt_ids,
             generated_ids: generated,
             text,
             timings,
+            speculation: spec,
         });
     }
 
@@ -375,13 +413,62 @@ pub async fn generate_ids_async<M: CausalLm>(
     emit(&generated, &mut text)?;
 
     let t1 = Instant::now();
+    // The prompt and the tokens generated so far: where drafts are looked up.
+    let mut history = prompt_ids.clone();
+    history.push(token);
     while generated.len() < max_new && !tokenizer.is_eog(token) {
-        let logits = model.forward(&[token], &mut session.cache, false)?;
-        session.ids.push(token);
-        token = next_token_async(logits, sampler).await?;
-        generated.push(token);
-        timings.decode_tokens += 1;
-        emit(&generated, &mut text)?;
+        // A verify pass yields the accepted tokens and one more: draft one fewer than room.
+        let room = max_new - generated.len() - 1;
+        let draft = match session.drafter.as_mut() {
+            Some(d) if room > 0 => d.draft_async(&history, room).await?,
+            _ => Vec::new(),
+        };
+        if draft.is_empty() {
+            let logits = model.forward(&[token], &mut session.cache, false)?;
+            session.ids.push(token);
+            token = next_token_async(logits, sampler).await?;
+            generated.push(token);
+            history.push(token);
+            timings.decode_tokens += 1;
+            emit(&generated, &mut text)?;
+            continue;
+        }
+        let past = session.ids.len();
+        let mut rows = Vec::with_capacity(draft.len() + 1);
+        rows.push(token);
+        rows.extend_from_slice(&draft);
+        model.checkpoint_draft(&mut session.cache);
+        let logits = model.forward(&rows, &mut session.cache, true)?;
+        let verdict = verify_async(logits, &draft, sampler).await?;
+        if let Some(d) = session.drafter.as_mut() {
+            d.record(draft.len(), verdict.accepted);
+        }
+        if let Some(s) = spec.as_mut() {
+            s.verify_passes += 1;
+            s.drafted += draft.len();
+            s.accepted += verdict.accepted;
+        }
+        // The new tokens, up to an end-of-generation token among the accepted ones.
+        let mut new = draft[..verdict.accepted].to_vec();
+        new.push(verdict.next);
+        if let Some(end) = new.iter().position(|&t| tokenizer.is_eog(t)) {
+            new.truncate(end + 1);
+        }
+        // The cache keeps the rows before the last new token (which is not run yet).
+        let keep = past + new.len();
+        let kept = model.truncate_cache(&mut session.cache, keep);
+        session.ids.extend_from_slice(&rows[..new.len()]);
+        if kept < keep {
+            // A recurrent state went back to a checkpoint: run the kept rows again.
+            model.forward(&session.ids[kept..keep], &mut session.cache, false)?;
+        }
+        for &t in &new {
+            generated.push(t);
+            history.push(t);
+            emit(&generated, &mut text)?;
+        }
+        timings.decode_tokens += new.len();
+        token = new[new.len() - 1];
     }
     timings.decode_ms = ms(t1.elapsed());
     let full = tokenizer.decode(&generated)?;
@@ -393,6 +480,7 @@ pub async fn generate_ids_async<M: CausalLm>(
         generated_ids: generated,
         text: full,
         timings,
+        speculation: spec,
     })
 }
 

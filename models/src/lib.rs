@@ -28,6 +28,7 @@ pub mod finetune;
 pub mod generate;
 pub mod lora;
 pub mod sampling;
+pub mod speculative;
 pub mod state;
 #[cfg(feature = "structured")]
 pub mod structured;
@@ -43,6 +44,7 @@ pub use generate::{
 };
 pub use lora::{DecoderLora, LoraTarget};
 pub use sampling::{Sampler, SamplerConfig};
+pub use speculative::{NgramConfig, SpecStats, Speculation};
 pub use state::{BatchState, LayerKind, LayerState, SequenceState};
 pub use tokenizer::GgufTokenizer;
 

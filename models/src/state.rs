@@ -75,8 +75,12 @@ pub struct BatchState {
     capacity: usize,
     /// Positions to allocate on first use (0: as needed).
     reserve: usize,
-    /// Per slot, the recurrent layers' state at one earlier position.
+    /// Per slot, the recurrent layers' state at one earlier position (the end of a prompt).
     checkpoints: Vec<Option<Checkpoint>>,
+    /// Per slot, the recurrent layers' state before the latest speculative verify pass
+    /// ([`BatchState::checkpoint_draft`]), apart from `checkpoints` so that drafting does not
+    /// lose a chat turn's checkpoint.
+    drafts: Vec<Option<Checkpoint>>,
 }
 
 /// One slot's recurrent states (and convolution windows) at position `len`, one entry per
@@ -97,6 +101,7 @@ impl BatchState {
             capacity: 0,
             reserve: 0,
             checkpoints: vec![None; slots.max(1)],
+            drafts: vec![None; slots.max(1)],
         }
     }
 
@@ -132,8 +137,9 @@ impl BatchState {
     /// Keeps the first `len` positions of `slot` (nothing changes when `len >= len(slot)`),
     /// so a conversation reuses the state of its common prefix; `truncate(slot, 0)` frees the
     /// slot for a new sequence. A KV cache only forgets positions; a recurrent layer cannot go
-    /// back, so a slot of a model with one goes back to its checkpoint if that is at or before
-    /// `len` ([`BatchState::checkpoint`]), else to empty. Returns the positions kept.
+    /// back, so a slot of a model with one goes back to the latest of its checkpoints at or
+    /// before `len` ([`BatchState::checkpoint`], [`BatchState::checkpoint_draft`]), else to
+    /// empty. Returns the positions kept.
     pub fn truncate(&mut self, slot: usize, len: usize) -> usize {
         let Some(&now) = self.lens.get(slot) else {
             return 0;
@@ -148,16 +154,26 @@ impl BatchState {
         let kept = if !recurrent {
             len
         } else {
-            match self.checkpoints[slot].take().filter(|c| c.len <= len) {
+            let best = [&self.checkpoints[slot], &self.drafts[slot]]
+                .into_iter()
+                .flatten()
+                .filter(|c| c.len <= len)
+                .max_by_key(|c| c.len)
+                .cloned();
+            match best {
                 Some(c) => {
                     self.restore(slot, &c);
-                    let kept = c.len;
-                    self.checkpoints[slot] = Some(c);
-                    kept
+                    c.len
                 }
                 None => 0,
             }
         };
+        // A checkpoint past what is kept describes tokens the slot no longer holds.
+        for c in [&mut self.checkpoints[slot], &mut self.drafts[slot]] {
+            if c.as_ref().is_some_and(|c| c.len > kept) {
+                *c = None;
+            }
+        }
         self.lens[slot] = kept;
         kept
     }
@@ -167,9 +183,24 @@ impl BatchState {
     /// much. A copy of each recurrent layer's state for the slot (`n_head_v * d_k * d_v` and
     /// `(d_conv - 1) * channels` f32 each), and nothing for a model without recurrent layers.
     pub fn checkpoint(&mut self, slot: usize) {
-        let Some(&len) = self.lens.get(slot) else {
-            return;
-        };
+        if slot < self.slots() {
+            self.checkpoints[slot] = self.snapshot(slot);
+        }
+    }
+
+    /// [`BatchState::checkpoint`] kept apart from it, taken before a speculative verify pass
+    /// ([`crate::speculative`]) so that the rejected drafted tokens can be cut off again: the
+    /// prompt's checkpoint stays for the next turn.
+    pub fn checkpoint_draft(&mut self, slot: usize) {
+        if slot < self.slots() {
+            self.drafts[slot] = self.snapshot(slot);
+        }
+    }
+
+    /// `slot`'s recurrent states at its current length, or `None` for a model without
+    /// recurrent layers.
+    fn snapshot(&self, slot: usize) -> Option<Checkpoint> {
+        let len = self.lens[slot];
         let slots = self.slots();
         let part = |rows: usize| slot * rows / slots..(slot + 1) * rows / slots;
         let layers: Vec<_> = self
@@ -187,10 +218,10 @@ impl BatchState {
                 }
             })
             .collect();
-        self.checkpoints[slot] = layers
+        layers
             .iter()
             .any(Option::is_some)
-            .then_some(Checkpoint { len, layers });
+            .then_some(Checkpoint { len, layers })
     }
 
     /// Writes checkpoint `c` back into `slot`'s recurrent layers.
@@ -209,9 +240,12 @@ impl BatchState {
         }
     }
 
-    /// Forgets `slot`'s checkpoint (a pass starts the slot afresh).
+    /// Forgets `slot`'s checkpoints (a pass starts the slot afresh).
     pub(crate) fn forget_checkpoint(&mut self, slot: usize) {
-        if let Some(c) = self.checkpoints.get_mut(slot) {
+        for c in [self.checkpoints.get_mut(slot), self.drafts.get_mut(slot)]
+            .into_iter()
+            .flatten()
+        {
             *c = None;
         }
     }
@@ -343,6 +377,12 @@ impl SequenceState {
     /// [`BatchState::checkpoint`]).
     pub fn checkpoint(&mut self) {
         self.0.checkpoint(0)
+    }
+
+    /// Remembers the recurrent layers' state before a speculative verify pass (see
+    /// [`BatchState::checkpoint_draft`]).
+    pub fn checkpoint_draft(&mut self) {
+        self.0.checkpoint_draft(0)
     }
 }
 

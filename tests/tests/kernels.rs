@@ -3,7 +3,8 @@
 //! codec element for element, on fixture blocks from llama.cpp and on the real Gemma tensors,
 //! including a row count that is not a multiple of the rows per workgroup and a tensor over
 //! 128 MiB (split into device buffers by rows). These run the variant the device picks; every
-//! other variant, at every pass width, is `cargo xtask kernel-test`'s (CI runs both). The
+//! other variant, at every pass width, is `cargo xtask kernel-test`'s (CI runs it on a type of
+//! each family; every type by hand). The
 //! RMSNorm kernel is checked against an f64 reference of its formula.
 use burn::tensor::{Tensor, TensorData};
 use burn_gguf::GgmlTensor;

@@ -50,9 +50,11 @@
 //! only that they decode to finite numbers).
 mod batch;
 pub(crate) mod decode;
+mod depth;
 mod e2e;
 mod finetune;
 mod serve;
+mod spec;
 mod system;
 mod timing;
 
@@ -168,6 +170,19 @@ pub struct Options {
     /// Requests of the prefix-cache measurement (default 10).
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub serve_requests: usize,
+    /// Only the speculative-decoding measurement on the end-to-end model: greedy decode
+    /// tokens/s with drafts from the context against plain decoding, on prompts that copy and
+    /// one that does not (acceptance rates, the same text checked).
+    #[arg(long)]
+    pub spec: bool,
+    /// Tokens each generation of the speculative-decoding measurement produces (default 64).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub spec_steps: usize,
+    /// Only the decode-at-depth measurement: the attention kernel over 64 to 2,048 cached keys
+    /// (a key per unit against a plane per key), and the end-to-end model's decode tokens/s
+    /// after a 590-token prompt against after a 5-token one.
+    #[arg(long)]
+    pub depth: bool,
 }
 
 /// Makes the adapter `choice` names the default wgpu device of this process and of the processes
@@ -469,6 +484,24 @@ pub fn run(opts: &Options) -> Result<(), String> {
         budget.min_s, budget.min_iters
     );
 
+    // The measurements that run alone: one JSON document each, with the run's device.
+    let single = |tool: &str, figures: Value| -> Result<(), String> {
+        let Some(path) = &opts.json else {
+            return Ok(());
+        };
+        let mut doc = json!({
+            "tool": format!("cargo xtask bench {tool}"),
+            "date": started,
+            "written": utc_now(),
+            "device": device_json,
+            "total_seconds": t_start.elapsed().as_secs_f64(),
+        });
+        if let (Some(doc), Value::Object(figures)) = (doc.as_object_mut(), figures) {
+            doc.extend(figures);
+        }
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+    };
     if opts.serve {
         let path = e2e::model_path(opts).ok_or("no model: --model PATH")?;
         let structured = serve::structured(&path, opts.serve_steps.max(4))?;
@@ -477,36 +510,25 @@ pub fn run(opts: &Options) -> Result<(), String> {
             opts.serve_prompt_tokens.max(1),
             opts.serve_requests.max(2),
         )?;
-        if let Some(path) = &opts.json {
-            let doc = json!({
-                "tool": "cargo xtask bench --serve",
-                "date": started,
-                "written": utc_now(),
-                "device": device_json,
-                "structured": structured,
-                "prefix_cache": prefix,
-                "total_seconds": t_start.elapsed().as_secs_f64(),
-            });
-            let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-            std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
-        }
-        return Ok(());
+        return single(
+            "--serve",
+            json!({"structured": structured, "prefix_cache": prefix}),
+        );
+    }
+    if opts.depth {
+        let path = e2e::model_path(opts).ok_or("no model: --model PATH")?;
+        let steps = if opts.quick { 16 } else { 32 };
+        let v = depth::run(&path, steps, budget)?;
+        return single("--depth", json!({ "depth": v }));
+    }
+    if opts.spec {
+        let path = e2e::model_path(opts).ok_or("no model: --model PATH")?;
+        let v = spec::run(&path, opts.spec_steps.max(2))?;
+        return single("--spec", json!({ "speculative": v }));
     }
     if opts.finetune {
         let v = finetune::run(e2e::model_path(opts), opts.finetune_steps.max(2))?;
-        if let Some(path) = &opts.json {
-            let doc = json!({
-                "tool": "cargo xtask bench --finetune",
-                "date": started,
-                "written": utc_now(),
-                "device": device_json,
-                "finetune": v,
-                "total_seconds": t_start.elapsed().as_secs_f64(),
-            });
-            let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-            std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
-        }
-        return Ok(());
+        return single("--finetune", json!({ "finetune": v }));
     }
     let end_to_end = if opts.no_e2e || opts.decode_only {
         println!("end to end: skipped\n");

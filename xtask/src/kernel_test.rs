@@ -34,12 +34,13 @@ impl Row {
     }
 }
 
-/// Runs the variants selected by `ty` and `op` (`gemv`, `dequantize`, `matmul`, `big`,
+/// Runs the variants selected by `types` (every type with a kernel when empty; the ops that do
+/// not depend on a type run either way) and `op` (`gemv`, `dequantize`, `matmul`, `big`,
 /// `attention`, `delta_net`, `top_k`, `moe`); prints the table. Returns the number of failures.
 ///
 /// Kernels run from WGSL text as in every process (`ggml_kernels::wgsl_cache`), generated here:
 /// the sweep's variants are not written to the cache folder.
-pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
+pub fn run(only: &[GgmlType], op: Option<&str>) -> Result<usize, String> {
     use ggml_kernels::wgsl_cache::{CacheMode, mode, set_mode};
     if mode() == CacheMode::Disk {
         set_mode(Some(CacheMode::InProcess));
@@ -51,10 +52,10 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
     let types: Vec<GgmlType> = GgmlType::all()
         .iter()
         .copied()
-        .filter(|t| ggml_kernels::supports(*t) && ty.is_none_or(|x| x == *t))
+        .filter(|t| ggml_kernels::supports(*t) && (only.is_empty() || only.contains(t)))
         .collect();
-    if types.is_empty() {
-        return Err(format!("no kernel for {ty:?}"));
+    if let Some(t) = only.iter().find(|t| !ggml_kernels::supports(**t)) {
+        return Err(format!("no kernel for {t}"));
     }
     let wants = |o: &str| op.is_none_or(|x| x == o);
     let mut rows_out: Vec<Row> = Vec::new();
@@ -206,8 +207,8 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
         );
     }
     // The KV-cache step (Q/K norm + RoPE + cache write) and attention (with its split
-    // combine): no ggml type, so only when no type is asked for.
-    if op.is_none_or(|o| o == "attention") && ty.is_none() {
+    // combine): no ggml type, so whatever types are asked for.
+    if op.is_none_or(|o| o == "attention") {
         for (i, case) in ggml_kernels::check::attention_cases()
             .into_iter()
             .enumerate()
@@ -218,7 +219,7 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
         }
     }
     // RMSNorm with its weight: no ggml type either.
-    if op.is_none_or(|o| o == "norm") && ty.is_none() {
+    if op.is_none_or(|o| o == "norm") {
         for (i, (r, c)) in ggml_kernels::check::norm_cases().into_iter().enumerate() {
             let e = ggml_kernels::check::rms_norm_error(&client, r, c, 70 + i as u64)
                 .map_err(|e| e.to_string());
@@ -226,7 +227,7 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
         }
     }
     // The delta-net kernels (Qwen3.5's linear attention): no ggml type either.
-    if op.is_none_or(|o| o == "delta_net") && ty.is_none() {
+    if op.is_none_or(|o| o == "delta_net") {
         for (i, case) in ggml_kernels::check::delta_net_cases()
             .into_iter()
             .enumerate()
@@ -238,22 +239,20 @@ pub fn run(ty: Option<GgmlType>, op: Option<&str>) -> Result<usize, String> {
     }
     // MoE routing (no ggml type) and the expert GEMV of every type.
     if wants("moe") {
-        if ty.is_none() {
-            for (i, case) in ggml_kernels::check::route_cases().into_iter().enumerate() {
-                let e = ggml_kernels::check::route_error(&client, case, 90 + i as u64)
-                    .map_err(|e| e.to_string());
-                let (n, ne, k, norm) = case;
-                push(
-                    "moe_route".into(),
-                    format!("{n}x{ne} k={k}{}", if norm { " norm" } else { "" }),
-                    e,
-                );
-            }
+        for (i, case) in ggml_kernels::check::route_cases().into_iter().enumerate() {
+            let e = ggml_kernels::check::route_error(&client, case, 90 + i as u64)
+                .map_err(|e| e.to_string());
+            let (n, ne, k, norm) = case;
+            push(
+                "moe_route".into(),
+                format!("{n}x{ne} k={k}{}", if norm { " norm" } else { "" }),
+                e,
+            );
         }
         moe_rows(&client, &types, &mut push)?;
     }
     // Top-k (sampling candidates): no ggml type either.
-    if op.is_none_or(|o| o == "top_k") && ty.is_none() {
+    if op.is_none_or(|o| o == "top_k") {
         for (i, case) in ggml_kernels::check::top_k_cases().into_iter().enumerate() {
             let e = ggml_kernels::check::top_k_error(&client, case, 70 + i as u64)
                 .map_err(|e| e.to_string());

@@ -47,9 +47,11 @@ enum Command {
     /// Run every kernel variant (ggml type x op x comptime parameters x activation rows) on the
     /// wgpu device against the CPU codec; prints a table and fails if any variant does.
     KernelTest {
-        /// Only this ggml type (e.g. Q4_K).
+        /// Only these ggml types (repeatable: --type Q4_K --type Q8_0); every type when
+        /// absent. The ops that do not depend on a type (attention, norm, delta_net, top_k,
+        /// moe) run either way.
         #[arg(long = "type")]
-        ggml_type: Option<gguf::GgmlType>,
+        ggml_types: Vec<gguf::GgmlType>,
         /// Only this op: gemv, dequantize, matmul (the tile kernel of prefill and training),
         /// big (262,144-row and over-128-MiB shapes),
         /// attention (the KV-cache step and attention kernels), norm (RMSNorm), delta_net, top_k,
@@ -107,7 +109,7 @@ fn main() -> ExitCode {
                 n => Err(format!("{n} kernel variants failed to compile or validate")),
             })
         }
-        Command::KernelTest { ggml_type, op } => kernel_test::run(ggml_type, op.as_deref())
+        Command::KernelTest { ggml_types, op } => kernel_test::run(&ggml_types, op.as_deref())
             .and_then(|failed| match failed {
                 0 => Ok(()),
                 n => Err(format!("{n} kernel variants failed")),

@@ -279,6 +279,16 @@ pub fn qk_rope_cache(
     (Tensor::cat(qs, 0), k_cache, v_cache)
 }
 
+/// Query rows of one sequence up to which a pass's attention runs in the attention kernel: a
+/// decode step, a batch of decode steps, or a speculative verify pass (the rows of the fused
+/// GEMV, [`crate::tensor::GEMV_BATCH_ROWS`]). A longer run of rows (a prompt) takes the
+/// matmul path ([`attention`]).
+pub const ATTENTION_KERNEL_ROWS: usize = crate::tensor::GEMV_BATCH_ROWS;
+
+/// Most scores one step of the matmul path holds (`[n_head, rows, keys]` f32, 64 MiB): a long
+/// prompt runs in chunks of query rows.
+const MATMUL_PATH_SCORES: usize = 16 << 20;
+
 /// Causal grouped-query attention of `q` `[n, n_head, head_dim]` over a layer's caches
 /// `[slots * n_head_kv, capacity, head_dim]`: query row `t` at slot `c` and position `p`
 /// (`rows`) sees the keys of its slot at positions up to `p` (within `layout.window` when
@@ -288,10 +298,17 @@ pub fn qk_rope_cache(
 /// `h / (n_head / n_head_kv)`. Returns `[n, n_head * head_dim]` f32. `layout.keys` is set
 /// here from `rows`.
 ///
-/// On a CubeCL device whose compiler takes workgroup shared memory this is one kernel (plus a
-/// small combine kernel past [`ggml_kernels::attention::ATTENTION_SPLIT`] visible keys;
-/// [`GgmlOps::ggml_attention`]), which never builds a mask; elsewhere Burn ops per run of rows
-/// in one slot, with an additive `[len, past + len]` mask.
+/// Two paths, chosen per run of rows in one slot ([`CacheRows`]):
+/// - runs of up to [`ATTENTION_KERNEL_ROWS`] rows, on a CubeCL device whose compiler takes
+///   workgroup shared memory: one kernel for all of them (plus a small combine kernel past
+///   [`ggml_kernels::attention::ATTENTION_SPLIT`] visible keys; [`GgmlOps::ggml_attention`]),
+///   which never builds a mask: each row alone, as a decode step computes it, so a
+///   speculative verify pass gives the rows what decoding them one by one gives;
+/// - a longer run (a prompt), and every run elsewhere: the matmul path, Burn ops per chunk of
+///   query rows (`q k^T` of a KV head's query heads as one matmul, the additive causal and
+///   window mask, softmax, times `v`), so a prompt's keys and values are read once per chunk
+///   instead of once per query row. On lavapipe a 561-token Gemma 3 270M prompt spent 36.2 s
+///   of its 61.7 s prefill in the kernel's 18 launches (2026-12-07, `CUBECL_DEBUG_OPTION=profile`).
 ///
 /// # Panics
 /// If the shapes disagree with `layout`, a row's slot or position is out of range or the
@@ -337,78 +354,136 @@ pub fn attention(
         rows.rows()
     );
     let device = q.device();
+    // The kernel reads heads as 4-value vectors.
     let kernel = is_cube(&device)
+        && hd.is_multiple_of(4)
         && crate::cube_client(&device).is_some_and(|c| ggml_kernels::shared_memory_ok(&c));
-    if kernel {
-        return Tensor::from_dispatch(Dispatch::ggml_attention(
+    let launch = |q: Tensor<3>, rows: &Tensor<1, Int>, layout: AttentionShape| {
+        Tensor::from_dispatch(Dispatch::ggml_attention(
             q.into_dispatch(),
             k_cache.clone().into_dispatch(),
             v_cache.clone().into_dispatch(),
-            rows.device.clone().into_dispatch(),
+            rows.clone().into_dispatch(),
             layout,
             scale,
             softcap.unwrap_or(0.0),
-        ));
+        ))
+    };
+    let runs = rows.runs();
+    let short = |len: usize| kernel && len <= ATTENTION_KERNEL_ROWS;
+    if runs.iter().all(|r| short(r.3)) {
+        return launch(q, &rows.device, layout);
     }
+    let mut outs = Vec::with_capacity(runs.len());
+    for (t, slot, past, len) in runs {
+        let q_run = q.clone().narrow(0, t, len);
+        if short(len) {
+            let sub = CacheRows::sequence(slot, past, len, &device);
+            let layout = AttentionShape {
+                n: len,
+                keys: sub.keys(window),
+                ..layout
+            };
+            outs.push(launch(q_run, &sub.device, layout));
+        } else {
+            let cache = SlotCache {
+                k: k_cache,
+                v: v_cache,
+                slot,
+                n_head_kv,
+            };
+            outs.push(attention_matmul(q_run, cache, past, window, scale, softcap));
+        }
+    }
+    Tensor::cat(outs, 0)
+}
+
+/// One slot of a layer's caches.
+struct SlotCache<'a> {
+    k: &'a Tensor<3>,
+    v: &'a Tensor<3>,
+    slot: usize,
+    n_head_kv: usize,
+}
+
+/// [`attention`]'s matmul path for one run of query rows `q` `[len, n_head, head_dim]` at
+/// positions `past..past + len` of `cache`'s slot: in chunks of query rows whose scores fit
+/// [`MATMUL_PATH_SCORES`], each over the keys its rows can see (from the window's start).
+fn attention_matmul(
+    q: Tensor<3>,
+    cache: SlotCache<'_>,
+    past: usize,
+    window: Option<usize>,
+    scale: f32,
+    softcap: Option<f32>,
+) -> Tensor<2> {
+    let [len, n_head, hd] = q.dims();
+    let n_head_kv = cache.n_head_kv;
     let rep = n_head / n_head_kv;
-    let mut outs = Vec::new();
-    for (t, slot, past, len) in rows.runs() {
-        let total = past + len;
-        let heads = |c: &Tensor<3>| {
-            c.clone()
-                .narrow(0, slot * n_head_kv, n_head_kv)
-                .narrow(1, 0, total)
+    let device = q.device();
+    let chunk = (MATMUL_PATH_SCORES / (n_head * (past + len)).max(1)).clamp(1, len);
+    let mut outs = Vec::with_capacity(len.div_ceil(chunk));
+    for c0 in (0..len).step_by(chunk) {
+        let c = chunk.min(len - c0);
+        // Query positions first..first + c see keys k0..first + c.
+        let first = past + c0;
+        let k0 = window.map_or(0, |w| (first + 1).saturating_sub(w));
+        let keys = first + c - k0;
+        let heads = |t: &Tensor<3>| {
+            t.clone()
+                .narrow(0, cache.slot * n_head_kv, n_head_kv)
+                .narrow(1, k0, keys)
         };
-        let (k, v) = (heads(k_cache), heads(v_cache));
+        let (k, v) = (heads(cache.k), heads(cache.v));
         // Query heads g*rep..(g+1)*rep share KV head g.
         let qg = q
             .clone()
-            .narrow(0, t, len)
+            .narrow(0, c0, c)
             .swap_dims(0, 1)
-            .reshape([n_head_kv, rep * len, hd]);
-        let scores = qg.matmul(k.swap_dims(1, 2)) * scale as f64; // [nkv, rep*len, total]
-        let mut scores = scores.reshape([n_head_kv, rep, len, total]);
+            .reshape([n_head_kv, rep * c, hd]);
+        let scores = qg.matmul(k.swap_dims(1, 2)) * scale as f64; // [nkv, rep*c, keys]
+        let mut scores = scores.reshape([n_head_kv, rep, c, keys]);
         if let Some(cap) = softcap {
             // As the kernel: tanh's argument clamped where tanh is 1 to f32 precision.
             scores = (scores / cap as f64).clamp(-15.0, 15.0).tanh() * cap as f64;
         }
-        if let Some(mask) = attention_mask(past, len, window, &device) {
+        if let Some(mask) = attention_mask(first, c, window, k0, &device) {
             scores = scores + mask.unsqueeze::<4>();
         }
-        let probs = softmax(scores, 3).reshape([n_head_kv, rep * len, total]);
+        let probs = softmax(scores, 3).reshape([n_head_kv, rep * c, keys]);
         outs.push(
             probs
                 .matmul(v)
-                .reshape([n_head, len, hd])
+                .reshape([n_head, c, hd])
                 .swap_dims(0, 1)
-                .reshape([len, n_head * hd]),
+                .reshape([c, n_head * hd]),
         );
     }
     Tensor::cat(outs, 0)
 }
 
-/// Additive mask `[n, total]` for queries at positions `past..past + n` over keys `0..total`:
-/// causal, and within `window` tokens when given; `None` when nothing is masked.
+/// Additive mask `[n, total - k0]` for queries at positions `first..first + n` over keys
+/// `k0..total` (`total = first + n`): causal, and within `window` tokens when given; `None`
+/// when nothing is masked.
 fn attention_mask(
-    past: usize,
+    first: usize,
     n: usize,
     window: Option<usize>,
+    k0: usize,
     device: &Device,
 ) -> Option<Tensor<2>> {
-    let total = past + n;
-    let limited = window.is_some_and(|w| total > w);
-    if n == 1 && !limited {
-        return None;
-    }
-    let mut m = vec![0.0f32; n * total];
+    let keys = first + n - k0;
+    let mut m = vec![0.0f32; n * keys];
+    let mut masked = false;
     for t in 0..n {
-        let p = past + t;
-        for s in 0..total {
-            let visible = s <= p && window.is_none_or(|w| p - s < w);
-            if !visible {
-                m[t * total + s] = f32::NEG_INFINITY;
+        let p = first + t;
+        for j in 0..keys {
+            let s = k0 + j;
+            if !(s <= p && window.is_none_or(|w| p - s < w)) {
+                m[t * keys + j] = f32::NEG_INFINITY;
+                masked = true;
             }
         }
     }
-    Some(Tensor::from_data(TensorData::new(m, [n, total]), device))
+    masked.then(|| Tensor::from_data(TensorData::new(m, [n, keys]), device))
 }

@@ -3,7 +3,10 @@ use crate::Error;
 use crate::ops::GgmlOps;
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use ggml_kernels::{MAX_GEMV_ROWS, grid_words, kernel_block_elems, words_for_bytes, words_len};
+use ggml_kernels::{grid_words, kernel_block_elems, words_for_bytes, words_len};
+
+/// Activation rows one fused GEMV pass takes (each weight read once for all of them).
+pub use ggml_kernels::MAX_GEMV_ROWS;
 use gguf::GgmlType;
 use std::sync::Mutex;
 

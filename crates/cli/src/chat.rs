@@ -13,6 +13,8 @@ pub struct ChatOptions {
     pub max_new: usize,
     /// Sampling parameters.
     pub sampler: SamplerConfig,
+    /// Speculative decoding ([`Session::set_speculation`]).
+    pub spec: crate::run::SpecArgs,
     /// Dequantize every weight at load.
     pub dequantize: bool,
     /// The device, as [`crate::run::RunOptions::device`].
@@ -36,12 +38,14 @@ pub fn chat(
     input: impl BufRead,
     mut output: impl Write,
 ) -> Result<(), String> {
+    let loaded = load(model_path, opts.device.as_deref(), opts.dequantize, false)?;
+    let speculation = opts.spec.speculation(&loaded, opts.device.as_deref())?;
     let Loaded {
         file,
         tokenizer,
         mut model,
         ..
-    } = load(model_path, opts.device.as_deref(), opts.dequantize, false)?;
+    } = loaded;
     crate::finetune::attach_lora(&mut model, &opts.lora, opts.lora_scale)?;
     let template = ChatTemplate::from_gguf(&file, &tokenizer).map_err(|e| e.to_string())?;
     if template.is_builtin() {
@@ -53,6 +57,9 @@ pub fn chat(
         .map(|s| Message::new("system", s.clone()))
         .collect();
     let mut session = Session::new(&model);
+    session
+        .set_speculation(speculation)
+        .map_err(|e| e.to_string())?;
     let mut sampler = Sampler::new(opts.sampler.clone());
     for line in input.lines() {
         let line = line.map_err(|e| e.to_string())?;
@@ -84,14 +91,7 @@ pub fn chat(
         )
         .map_err(|e| e.to_string())?;
         writeln!(output).map_err(|e| e.to_string())?;
-        let t = &out.timings;
-        eprintln!(
-            "[prompt {} new tokens, {:.1} tokens/s | decode {} tokens, {:.2} tokens/s]",
-            t.prompt_tokens,
-            t.prompt_tps(),
-            t.decode_tokens,
-            t.decode_tps()
-        );
+        eprintln!("[{}]", crate::run::speeds(&out));
         messages.push(Message::new("assistant", out.text.trim().to_string()));
     }
     Ok(())

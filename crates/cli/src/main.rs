@@ -1,5 +1,6 @@
 //! `burn-gguf`: run llama.cpp GGUF models on Burn through wgpu.
 use burn_gguf_cli::fetch;
+use burn_gguf_cli::run::SpecArgs;
 use burn_gguf_cli::run::{RunOptions, run};
 use burn_gguf_cli::serve::models::resolve_one;
 use burn_gguf_models::SamplerConfig;
@@ -73,6 +74,8 @@ enum Command {
         n_predict: usize,
         #[command(flatten)]
         sampling: Sampling,
+        #[command(flatten)]
+        spec: SpecArgs,
         /// Print one JSON object (prompt_ids, generated_ids, text, timings) instead of streaming.
         #[arg(long)]
         json: bool,
@@ -105,6 +108,8 @@ enum Command {
         n_predict: usize,
         #[command(flatten)]
         sampling: Sampling,
+        #[command(flatten)]
+        spec: SpecArgs,
         #[command(flatten)]
         lora: Lora,
         /// Dequantize all weights at load (no packed kernels).
@@ -232,6 +237,7 @@ fn main() -> ExitCode {
             prompt,
             n_predict,
             sampling,
+            spec,
             json,
             lora,
             dump_logits,
@@ -243,6 +249,7 @@ fn main() -> ExitCode {
                 prompt,
                 max_new: n_predict,
                 sampler: sampling.into(),
+                spec,
                 dequantize,
                 json,
                 progress: !json,
@@ -257,6 +264,7 @@ fn main() -> ExitCode {
             system,
             n_predict,
             sampling,
+            spec,
             lora,
             dequantize,
             device,
@@ -265,6 +273,7 @@ fn main() -> ExitCode {
                 system,
                 max_new: n_predict,
                 sampler: sampling.into(),
+                spec,
                 dequantize,
                 device,
                 lora: lora.files,

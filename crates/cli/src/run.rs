@@ -1,10 +1,106 @@
 //! `burn-gguf run`: load a GGUF model and generate text.
 use burn_gguf::{GgufConfig, GgufLoader};
-use burn_gguf_models::{Decoder, GgufTokenizer, Sampler, SamplerConfig, generate};
+use burn_gguf_models::speculative::{DEFAULT_DRAFT_MAX, DraftModel};
+use burn_gguf_models::{
+    Decoder, Generation, GgufTokenizer, NgramConfig, Sampler, SamplerConfig, Session, Speculation,
+    generate_ids,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
+
+/// Speculative decoding options of `run`, `chat` and `serve`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SpecArgs {
+    /// Speculative decoding: `ngram` drafts tokens from the prompt and the output so far
+    /// (prompt lookup) and verifies them in one pass (the same greedy text, the same sampling
+    /// distribution); `none` runs one pass per token.
+    #[arg(long, value_enum, default_value_t = SpecKind::None)]
+    pub spec: SpecKind,
+    /// Most tokens one draft holds (1..=63; 7 keeps a verify pass to one GEMV pass of 8 rows).
+    #[arg(long, default_value_t = DEFAULT_DRAFT_MAX)]
+    pub draft_max: usize,
+    /// A draft model for speculative decoding (`run` and `chat`): a smaller GGUF model with the
+    /// same tokenizer, which drafts greedily from its own KV cache (llama.cpp
+    /// `--model-draft`). A file path, `org/repo:file.gguf` or a known name.
+    #[arg(long, value_name = "MODEL", conflicts_with = "spec")]
+    pub draft_model: Option<String>,
+}
+
+/// `--spec`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpecKind {
+    /// One pass per token.
+    None,
+    /// Drafts from the context (prompt lookup).
+    Ngram,
+}
+
+impl SpecArgs {
+    /// The drafts from the context these options ask for (`--spec`); a draft model is
+    /// [`SpecArgs::speculation`]'s.
+    pub fn context_drafts(&self) -> Speculation {
+        match self.spec {
+            SpecKind::None => Speculation::Off,
+            SpecKind::Ngram => Speculation::Ngram(NgramConfig {
+                draft_max: self.draft_max,
+                ..NgramConfig::default()
+            }),
+        }
+    }
+
+    /// The speculative decoding these options ask for with `target` loaded: with
+    /// `--draft-model`, that model loaded on the target's device (its tokenizer checked
+    /// against the target's: the same tokens under the same ids), else
+    /// [`SpecArgs::context_drafts`].
+    ///
+    /// # Errors
+    /// A draft model that fails to load or whose vocabulary differs, as a message.
+    pub fn speculation(
+        &self,
+        target: &Loaded,
+        device: Option<&str>,
+    ) -> Result<Speculation, String> {
+        let Some(name) = &self.draft_model else {
+            return Ok(self.context_drafts());
+        };
+        let path = crate::serve::models::resolve_one(name)?;
+        let draft = load(&path, device, false, false)?;
+        check_same_vocabulary(&target.tokenizer, &draft.tokenizer)
+            .map_err(|e| format!("--draft-model {}: {e}", path.display()))?;
+        Ok(Speculation::Draft(DraftModel {
+            model: std::sync::Arc::new(draft.model),
+            draft_max: self.draft_max,
+        }))
+    }
+}
+
+/// Whether `draft`'s tokens are `target`'s, id for id: the same count and the same text of
+/// every token.
+///
+/// # Errors
+/// The first difference, as a message.
+pub fn check_same_vocabulary(target: &GgufTokenizer, draft: &GgufTokenizer) -> Result<(), String> {
+    let (n, m) = (target.vocab_size(), draft.vocab_size());
+    if n != m {
+        return Err(format!(
+            "its vocabulary has {m} tokens, the target's {n}: a draft model must share the \
+             target's tokenizer"
+        ));
+    }
+    for id in 0..n as u32 {
+        if target.token_text(id) != draft.token_text(id) {
+            return Err(format!(
+                "token {id} is {:?} there and {:?} in the target: a draft model must share the \
+                 target's tokenizer",
+                draft.token_text(id),
+                target.token_text(id)
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Options of one `run`.
 #[derive(Clone, Debug)]
@@ -15,6 +111,8 @@ pub struct RunOptions {
     pub max_new: usize,
     /// Sampling parameters.
     pub sampler: SamplerConfig,
+    /// Speculative decoding ([`Session::set_speculation`]).
+    pub spec: SpecArgs,
     /// Dequantize every weight at load instead of keeping blocks packed.
     pub dequantize: bool,
     /// Print one JSON object instead of streaming text.
@@ -124,25 +222,35 @@ pub fn load(
 /// # Errors
 /// Any file, model, tokenizer or device error, as a message.
 pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
-    let Loaded {
-        tokenizer,
-        mut model,
-        load_s,
-        ..
-    } = load(
+    let loaded = load(
         model_path,
         opts.device.as_deref(),
         opts.dequantize,
         opts.progress,
     )?;
+    let speculation = opts.spec.speculation(&loaded, opts.device.as_deref())?;
+    let Loaded {
+        tokenizer,
+        mut model,
+        load_s,
+        ..
+    } = loaded;
     crate::finetune::attach_lora(&mut model, &opts.lora, opts.lora_scale)?;
 
     let mut sampler = Sampler::new(opts.sampler.clone());
     let json = opts.json;
-    let out = generate(
+    let prompt_ids = tokenizer
+        .encode(&opts.prompt, true)
+        .map_err(|e| e.to_string())?;
+    let mut session = Session::new(&model);
+    session
+        .set_speculation(speculation)
+        .map_err(|e| e.to_string())?;
+    let out = generate_ids(
         &model,
         &tokenizer,
-        &opts.prompt,
+        &mut session,
+        prompt_ids,
         opts.max_new,
         &mut sampler,
         |piece| {
@@ -172,19 +280,36 @@ pub fn run(model_path: &Path, opts: &RunOptions) -> Result<(), String> {
                 "decode_ms": t.decode_ms,
                 "decode_tokens_per_s": t.decode_tps(),
             },
+            "speculation": out.speculation,
         });
         println!("{v}");
     } else {
         println!();
     }
-    eprintln!(
-        "load {load_s:.2} s | prompt {} tokens, {:.1} tokens/s | decode {} tokens, {:.2} tokens/s",
+    eprintln!("load {load_s:.2} s | {}", speeds(&out));
+    Ok(())
+}
+
+/// One line of a generation's speeds (and its speculation's counts, when on).
+pub fn speeds(out: &Generation) -> String {
+    let t = &out.timings;
+    let mut line = format!(
+        "prompt {} tokens, {:.1} tokens/s | decode {} tokens, {:.2} tokens/s",
         t.prompt_tokens,
         t.prompt_tps(),
         t.decode_tokens,
         t.decode_tps()
     );
-    Ok(())
+    if let Some(s) = &out.speculation {
+        line += &format!(
+            " | drafted {}, accepted {} ({:.0}%), {:.2} tokens a verify pass",
+            s.drafted,
+            s.accepted,
+            100.0 * s.acceptance_rate(),
+            s.tokens_per_pass()
+        );
+    }
+    line
 }
 
 /// Writes the teacher-forced logits of `ids` through `model` (a fresh state) to `path`:

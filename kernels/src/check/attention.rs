@@ -25,7 +25,8 @@ pub struct AttentionCase {
     /// One decode row per sequence instead of one sequence's rows.
     pub batch: bool,
     /// Scores with a key per unit ([`crate::attention::launch_attention_lanes`] with 1 lane)
-    /// instead of the device's choice (a plane per key where it runs plane ops).
+    /// instead of a plane per key where the device runs plane ops
+    /// ([`crate::attention::plane_lanes`]).
     pub key_per_unit: bool,
     /// Query heads.
     pub n_head: usize,
@@ -297,7 +298,7 @@ pub async fn attention_error_async(
     let lanes = if key_per_unit {
         1
     } else {
-        crate::attention::attention_lanes(client)
+        crate::attention::plane_lanes(client)
     };
     crate::attention::launch_attention_lanes(
         client,

@@ -131,6 +131,7 @@ fn greedy_job(
         lora: None,
         constraint,
         special_text: false,
+        draft_max: None,
         events: tx,
         permit,
     };

@@ -179,6 +179,11 @@ pub struct Generation {
     pub response_format: Option<serde_json::Value>,
     /// llama-server's shorthand for a `json_schema` response format: the schema itself.
     pub json_schema: Option<serde_json::Value>,
+    /// llama-server's per-request bound of speculative decoding: at most this many drafted
+    /// tokens a verify pass, 0 to 63 (0 decodes this request one pass per token). Absent: the
+    /// server's `--spec` and `--draft-max`. Greedy replies are the same either way.
+    #[serde(rename = "speculative.n_max")]
+    pub speculative_n_max: Option<serde_json::Value>,
     /// Fields that change the output and that this server does not honour.
     #[serde(flatten)]
     pub unsupported: Unsupported,
@@ -261,6 +266,8 @@ pub struct Checked {
     pub lora: Option<Vec<(usize, f32)>>,
     /// The grammar of `response_format` (not yet compiled); `None` for free text.
     pub grammar: Option<burn_gguf_models::structured::Grammar>,
+    /// `speculative.n_max`: most drafted tokens a verify pass; `None` for the server's.
+    pub draft_max: Option<usize>,
 }
 
 /// Which endpoint's reading of `logprobs`.
@@ -373,7 +380,27 @@ pub fn check_generation(g: &Generation, style: LogprobsStyle) -> Result<Checked,
         logprobs: check_logprobs(g, style)?,
         lora: check_lora(g)?,
         grammar: check_response_format(g)?,
+        draft_max: check_draft_max(g)?,
     })
+}
+
+/// `speculative.n_max` of `g`.
+///
+/// # Errors
+/// A 400 naming `speculative.n_max` for a value that is not an integer from 0 to
+/// [`burn_gguf_models::speculative::DRAFT_MAX_LIMIT`].
+fn check_draft_max(g: &Generation) -> Result<Option<usize>, ApiError> {
+    let limit = burn_gguf_models::speculative::DRAFT_MAX_LIMIT;
+    match &g.speculative_n_max {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n as usize <= limit => Ok(Some(n as usize)),
+            _ => Err(ApiError::bad_request(
+                format!("speculative.n_max must be an integer from 0 to {limit}, got {v}"),
+                Some("speculative.n_max"),
+            )),
+        },
+    }
 }
 
 /// Most adapters one request may name.

@@ -20,6 +20,16 @@
 //! the next token is computed on another thread while the pass runs, then added to its row of
 //! the logits on the device before sampling, so the rows beside it are sampled as without it.
 //!
+//! Speculative decoding (`serve --spec ngram`, or a request's `speculative.n_max`): a sequence
+//! with a drafter ([`NgramDrafter`]: prompt lookup over its prompt and reply) joins the pass
+//! with its last token and its drafted tokens as rows of its slot, every row's logits kept;
+//! the longest agreeing prefix and the model's own token after it are taken
+//! ([`burn_gguf_models::speculative`]), and the slot is cut back past the first rejected row
+//! ([`BatchState::truncate`]; a recurrent state goes back to the checkpoint taken before the
+//! pass, and the accepted rows run again). A pass keeps to [`DECODE_ROWS`] rows in all, so
+//! every row goes through the fused GEMV and a greedy reply is the same with drafts or
+//! without. Sequences with a grammar or log-probabilities decode one token a pass.
+//!
 //! Requests reach the worker as [`Job`]s over a channel; text goes back as [`Event`]s over a
 //! channel per job.
 
@@ -33,6 +43,7 @@ use std::time::Instant;
 
 use burn::tensor::Tensor;
 use burn_gguf_models::generate::{SampleFrom, sample_from};
+use burn_gguf_models::speculative::{NgramConfig, NgramDrafter, Speculation, Verdict, verify};
 use burn_gguf_models::structured::{GrammarCompiler, TokenConstraint, apply_bias};
 use burn_gguf_models::{
     BatchState, ChatTemplate, Decoder, DecoderLora, GgufTokenizer, Sampler, SamplerConfig,
@@ -119,6 +130,9 @@ pub struct Job {
     /// Decode control tokens as their text (not the end-of-generation one): tool-call markers
     /// such as `<|python_tag|>` and `[TOOL_CALLS]` are control tokens.
     pub special_text: bool,
+    /// Most drafted tokens a verify pass (`speculative.n_max`; 0: one token a pass); `None`
+    /// for the server's [`WorkerOptions::speculation`].
+    pub draft_max: Option<usize>,
     /// Where events go; closed when the client is gone.
     pub events: UnboundedSender<Event>,
     /// The concurrency slot this job holds until it is dropped.
@@ -166,6 +180,9 @@ pub struct WorkerOptions {
     pub chat_template: Option<String>,
     /// Reuse a slot's cached prompt prefix (off: `--no-prefix-cache`).
     pub prefix_cache: bool,
+    /// Speculative decoding of requests that do not choose (`--spec`, `--draft-max`): off or
+    /// [`Speculation::Ngram`] ([`start`] refuses a draft model).
+    pub speculation: Speculation,
 }
 
 impl Default for WorkerOptions {
@@ -179,6 +196,7 @@ impl Default for WorkerOptions {
             lora_scale: 1.0,
             chat_template: None,
             prefix_cache: true,
+            speculation: Speculation::Off,
         }
     }
 }
@@ -188,7 +206,8 @@ impl Default for WorkerOptions {
 /// model is loaded.
 ///
 /// # Errors
-/// A load error as a message (the thread has ended then).
+/// A load error as a message (the thread has ended then), or a draft model in
+/// `opts.speculation`.
 pub fn start(
     path: PathBuf,
     opts: WorkerOptions,
@@ -203,7 +222,23 @@ pub fn start(
         lora_scale,
         chat_template,
         prefix_cache,
+        speculation,
     } = opts;
+    // The server's drafts; a request's `speculative.n_max` replaces `draft_max`.
+    let (ngram, draft_max) = match speculation {
+        Speculation::Off => (NgramConfig::default(), 0),
+        Speculation::Ngram(c) => {
+            let n = c.draft_max;
+            (c, n)
+        }
+        Speculation::Draft(_) => {
+            return Err(
+                "the server's batch takes drafts from each request's text only \
+                        (Speculation::Ngram), not from a draft model"
+                    .into(),
+            );
+        }
+    };
     let adapters: Vec<(PathBuf, f32)> =
         lora_paths.iter().map(|p| (p.clone(), lora_scale)).collect();
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
@@ -293,6 +328,8 @@ pub fn start(
                 loras,
                 lora_scale,
                 merged: HashMap::new(),
+                ngram,
+                draft_max,
             };
             worker.run(jobs_rx, &running_w);
         })
@@ -323,6 +360,8 @@ struct Sequence {
     sampler: Sampler,
     /// Its grammar state, if the request has one (taken out while its mask is computed).
     constraint: Option<TokenConstraint>,
+    /// Its drafts, with speculative decoding on.
+    drafter: Option<NgramDrafter>,
     /// Prompt tokens in the cache.
     fed: usize,
     generated: Vec<u32>,
@@ -373,6 +412,10 @@ struct Worker<'a> {
     lora_scale: f32,
     /// The adapters of each choice made so far (`(id, scale bits)` pairs), built once.
     merged: HashMap<Vec<(usize, u32)>, Option<Arc<DecoderLora>>>,
+    /// Prompt-lookup parameters of the sequences' drafters.
+    ngram: NgramConfig,
+    /// Most drafted tokens a pass for requests that do not choose (0: no drafts).
+    draft_max: usize,
 }
 
 impl Worker<'_> {
@@ -437,10 +480,21 @@ impl Worker<'_> {
             self.last_used[slot] = self.rounds;
             self.cached_lora[slot] = lora.clone();
             let constraint = job.constraint.take();
+            // Drafts for free text whose tokens are taken as they come (a grammar's mask and
+            // log-probabilities are per token).
+            let draft_max = job.draft_max.unwrap_or(self.draft_max);
+            let drafter =
+                (draft_max > 0 && constraint.is_none() && job.logprobs.is_none()).then(|| {
+                    NgramDrafter::new(NgramConfig {
+                        draft_max,
+                        ..self.ngram.clone()
+                    })
+                });
             self.active.push(Sequence {
                 lora,
                 sampler: Sampler::new(job.sampler.clone()),
                 constraint,
+                drafter,
                 job,
                 slot,
                 fed: kept,
@@ -586,22 +640,40 @@ impl Worker<'_> {
         Ok(())
     }
 
-    /// One decode pass over sequences `group` (each past its prompt, with a last token).
+    /// One decode pass over sequences `group` (each past its prompt, with a last token): each
+    /// sequence's last token, and its drafted tokens where it drafts (within [`DECODE_ROWS`]
+    /// rows in all).
     fn decode(&mut self, group: &[usize]) -> Result<(), String> {
         let t = Instant::now();
-        let last: Vec<[u32; 1]> = group
+        let rows = self.draft_rows(group);
+        let drafted = rows.iter().any(|r| r.len() > 1);
+        // Where each sequence's rows start in the logits (every row's logits with drafts, else
+        // each sequence's one row).
+        let mut offsets = Vec::with_capacity(group.len());
+        let mut at = 0;
+        for r in &rows {
+            offsets.push(at);
+            at += r.len();
+        }
+        let past: Vec<usize> = group
             .iter()
-            .map(|&i| [*self.active[i].generated.last().unwrap_or(&0)])
+            .map(|&i| self.state.len(self.active[i].slot))
             .collect();
+        for (&i, r) in group.iter().zip(&rows) {
+            if r.len() > 1 {
+                // A recurrent state cannot be cut back: copied before the verify pass.
+                self.state.checkpoint_draft(self.active[i].slot);
+            }
+        }
         let seqs: Vec<(usize, &[u32])> = group
             .iter()
-            .zip(&last)
-            .map(|(&i, id)| (self.active[i].slot, &id[..]))
+            .zip(&rows)
+            .map(|(&i, r)| (self.active[i].slot, &r[..]))
             .collect();
         let lora = self.active[group[0]].lora.clone();
         // The constrained rows' masks, computed beside the pass.
         let mut constrained: Vec<(usize, TokenConstraint)> = (group.iter().enumerate())
-            .filter_map(|(r, &i)| Some((r, self.active[i].constraint.take()?)))
+            .filter_map(|(k, &i)| Some((offsets[k], self.active[i].constraint.take()?)))
             .collect();
         let (model, state) = (self.model, &mut self.state);
         let (logits, biases) = std::thread::scope(|scope| {
@@ -612,7 +684,7 @@ impl Worker<'_> {
                         .collect::<Vec<_>>()
                 })
             });
-            let logits = model.forward_batch_with(state, &seqs, false, lora.as_deref());
+            let logits = model.forward_batch_with(state, &seqs, drafted, lora.as_deref());
             let biases = masks.map(|h| h.join());
             (logits, biases)
         });
@@ -620,11 +692,12 @@ impl Worker<'_> {
         let mut logits = logits.map_err(|e| e.to_string())?;
         if let Some(biases) = biases {
             let biases = biases.map_err(|_| "the grammar engine panicked".to_string())?;
-            for ((r, c), bias) in constrained.into_iter().zip(biases) {
-                let i = group[r];
+            for ((row, c), bias) in constrained.into_iter().zip(biases) {
+                let k = offsets.iter().position(|&o| o == row).unwrap_or(0);
+                let i = group[k];
                 self.active[i].constraint = Some(c);
                 match bias {
-                    Ok(b) => logits = apply_bias(logits, r, b).map_err(|e| e.to_string())?,
+                    Ok(b) => logits = apply_bias(logits, row, b).map_err(|e| e.to_string())?,
                     Err(e) => failed.push((i, e.to_string())),
                 }
             }
@@ -632,14 +705,88 @@ impl Worker<'_> {
         for (i, e) in failed {
             self.end_with_error(i, &e);
         }
-        let tokens = self.choose_rows(group, logits)?;
-        self.metrics.decode(group.len(), t.elapsed());
-        for (&i, token) in group.iter().zip(tokens) {
-            if !self.active[i].done {
+        let verdicts = self.choose_rows(group, &rows, &offsets, logits)?;
+        let mut taken_total = 0;
+        let mut refill: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (k, (&i, v)) in group.iter().zip(verdicts).enumerate() {
+            if self.active[i].done {
+                continue;
+            }
+            let draft = &rows[k][1..];
+            if !draft.is_empty() {
+                self.metrics.speculative(draft.len(), v.accepted);
+                if let Some(d) = self.active[i].drafter.as_mut() {
+                    d.record(draft.len(), v.accepted);
+                }
+            }
+            // The accepted drafted tokens, then the model's own, until the sequence ends.
+            let mut taken = 0;
+            for &token in draft[..v.accepted].iter().chain([&v.next]) {
                 self.accept(i, token);
+                taken += 1;
+                if self.active[i].done {
+                    break;
+                }
+            }
+            taken_total += taken;
+            if draft.is_empty() {
+                continue;
+            }
+            // The slot keeps the rows before the last token taken (which is not run yet).
+            let slot = self.active[i].slot;
+            let keep = past[k] + taken;
+            let kept = self.state.truncate(slot, keep);
+            if kept < keep && !self.active[i].done {
+                let s = &self.active[i];
+                let fed = s.job.prompt_ids.iter().chain(&s.generated);
+                refill.push((slot, fed.skip(kept).take(keep - kept).copied().collect()));
             }
         }
+        if !refill.is_empty() {
+            // Recurrent states went back to their checkpoints: the accepted rows run again.
+            let seqs: Vec<(usize, &[u32])> = refill.iter().map(|(s, r)| (*s, &r[..])).collect();
+            let again = self
+                .model
+                .forward_batch_with(&mut self.state, &seqs, false, lora.as_deref())
+                .map_err(|e| e.to_string())?;
+            drop(again);
+        }
+        self.metrics.decode(group.len(), taken_total, t.elapsed());
         Ok(())
+    }
+
+    /// Each sequence's rows for a decode pass: its last token, then its drafted tokens where
+    /// it drafts, within [`DECODE_ROWS`] rows for the whole group and the sequence's
+    /// `max_tokens`.
+    fn draft_rows(&mut self, group: &[usize]) -> Vec<Vec<u32>> {
+        let mut budget = DECODE_ROWS.saturating_sub(group.len());
+        let mut rows = Vec::with_capacity(group.len());
+        for &i in group {
+            let s = &mut self.active[i];
+            let mut r = vec![*s.generated.last().unwrap_or(&0)];
+            // A pass yields the accepted tokens and one more.
+            let room = s
+                .job
+                .max_tokens
+                .saturating_sub(s.generated.len() + 1)
+                .min(budget);
+            if let Some(d) = s.drafter.as_mut()
+                && room > 0
+            {
+                let history: Vec<u32> = s
+                    .job
+                    .prompt_ids
+                    .iter()
+                    .chain(&s.generated)
+                    .copied()
+                    .collect();
+                let draft = d.draft(&history, room);
+                budget -= draft.len();
+                r.extend(draft);
+            }
+            rows.push(r);
+        }
+        rows
     }
 
     /// Ends sequence `i` alone with an error (its grammar failed); the batch goes on.
@@ -649,21 +796,48 @@ impl Worker<'_> {
         s.done = true;
     }
 
-    /// The next token of each sequence of `group` from its row of `logits` `[group.len(),
-    /// vocab]`: one argmax read for all greedy rows without log-probabilities, each other row
-    /// on its own.
-    fn choose_rows(&mut self, group: &[usize], logits: Tensor<2>) -> Result<Vec<u32>, String> {
+    /// Each sequence of `group`'s verdict from its rows of `logits` (sequence `k`'s
+    /// `rows[k].len()` rows from row `offsets[k]`: its last token's, then its drafted tokens'):
+    /// the drafted tokens accepted and the next token. One argmax read for all rows when every
+    /// sequence is greedy without log-probabilities; else each sequence on its own.
+    fn choose_rows(
+        &mut self,
+        group: &[usize],
+        rows: &[Vec<u32>],
+        offsets: &[usize],
+        logits: Tensor<2>,
+    ) -> Result<Vec<Verdict>, String> {
         let simple = |s: &Sequence| s.sampler.config().is_greedy() && s.job.logprobs.is_none();
         if group.iter().all(|&i| simple(&self.active[i])) {
             let ids = logits
                 .argmax(1)
                 .try_into_data()
                 .map_err(|e| format!("{e:?}"))?;
-            return Ok(ids.iter::<i64>().map(|v| v as u32).collect());
+            let ids: Vec<u32> = ids.iter::<i64>().map(|v| v as u32).collect();
+            return Ok((rows.iter().zip(offsets))
+                .map(|(r, &at)| {
+                    let accepted = (r[1..].iter().zip(&ids[at..]))
+                        .take_while(|(d, t)| d == t)
+                        .count();
+                    Verdict {
+                        accepted,
+                        next: ids[at + accepted],
+                    }
+                })
+                .collect());
         }
         let mut out = Vec::with_capacity(group.len());
-        for (r, &i) in group.iter().enumerate() {
-            out.push(self.choose(i, logits.clone().narrow(0, r, 1))?);
+        for ((r, &at), &i) in rows.iter().zip(offsets).zip(group) {
+            let own = logits.clone().narrow(0, at, r.len());
+            out.push(if r.len() == 1 {
+                Verdict {
+                    accepted: 0,
+                    next: self.choose(i, own)?,
+                }
+            } else {
+                let sampler = &mut self.active[i].sampler;
+                verify(own, &r[1..], sampler).map_err(|e| e.to_string())?
+            });
         }
         Ok(out)
     }

@@ -32,6 +32,8 @@ pub struct Metrics {
     prefix_hits: Counter,
     prefix_tokens: Counter,
     prefix_evicted: Counter,
+    drafted: Counter,
+    draft_accepted: Counter,
 }
 
 impl Default for Metrics {
@@ -62,6 +64,8 @@ impl Metrics {
             prefix_hits: Counter::default(),
             prefix_tokens: Counter::default(),
             prefix_evicted: Counter::default(),
+            drafted: Counter::default(),
+            draft_accepted: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -135,6 +139,16 @@ impl Metrics {
             "Cached tokens dropped when their slot took a request that did not share them",
             m.prefix_evicted.clone(),
         );
+        registry.register(
+            "speculative_drafted_tokens",
+            "Tokens drafted for speculative decoding and checked in verify passes",
+            m.drafted.clone(),
+        );
+        registry.register(
+            "speculative_accepted_tokens",
+            "Drafted tokens the model accepted (each saved a decode pass)",
+            m.draft_accepted.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -146,6 +160,12 @@ impl Metrics {
             self.prefix_tokens.inc_by(tokens as u64);
         }
         self.prefix_evicted.inc_by(evicted as u64);
+    }
+
+    /// A verify pass checked `drafted` drafted tokens of a sequence and accepted `accepted`.
+    pub fn speculative(&self, drafted: usize, accepted: usize) {
+        self.drafted.inc_by(drafted as u64);
+        self.draft_accepted.inc_by(accepted as u64);
     }
 
     /// A request reached a worker.
@@ -161,11 +181,12 @@ impl Metrics {
             .set(self.prompt_tokens.get() as f64 / self.prompt_seconds.get().max(1e-9));
     }
 
-    /// A decode pass of `rows` sequences (a token each) took `t`.
-    pub fn decode(&self, rows: usize, t: Duration) {
-        self.batch_rows.observe(rows as f64);
-        self.generated_tokens.inc_by(rows as u64);
-        self.decode_tokens.inc_by(rows as u64);
+    /// A decode pass of `sequences` sequences gave `tokens` tokens (one each, or more with
+    /// accepted drafts) and took `t`.
+    pub fn decode(&self, sequences: usize, tokens: usize, t: Duration) {
+        self.batch_rows.observe(sequences as f64);
+        self.generated_tokens.inc_by(tokens as u64);
+        self.decode_tokens.inc_by(tokens as u64);
         self.decode_seconds.inc_by(t.as_secs_f64());
         self.decode_tps
             .set(self.decode_tokens.get() as f64 / self.decode_seconds.get().max(1e-9));

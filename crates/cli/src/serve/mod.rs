@@ -99,6 +99,11 @@ pub struct ServeOptions {
     /// (a finished request's prompt and reply stay in its slot for reuse otherwise).
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Speculative decoding of every request that does not choose with its
+    /// `speculative.n_max` (sequences with a grammar or log-probabilities decode a token a
+    /// pass).
+    #[command(flatten)]
+    pub spec: crate::run::SpecArgs,
 }
 
 /// A served model.
@@ -165,6 +170,17 @@ impl Server {
         if opts.max_concurrent == 0 {
             return Err("--max-concurrent must be at least 1".into());
         }
+        if opts.spec.draft_model.is_some() {
+            return Err(
+                "serve takes no --draft-model yet: use --spec ngram (drafts from each \
+                        request's own text)"
+                    .into(),
+            );
+        }
+        let speculation = opts.spec.context_drafts();
+        if let burn_gguf_models::Speculation::Ngram(c) = &speculation {
+            c.validate().map_err(|e| format!("--draft-max: {e}"))?;
+        }
         let mut sources = Vec::new();
         for spec in &opts.models {
             sources.extend(models::resolve(spec)?);
@@ -192,6 +208,7 @@ impl Server {
                 lora_scale: opts.lora_scale,
                 chat_template: chat_template.clone(),
                 prefix_cache: !opts.no_prefix_cache,
+                speculation: speculation.clone(),
             };
             let handle = engine::start(s.path.clone(), worker, metrics.clone())?;
             served.push(Served { id: s.id, handle });
@@ -454,6 +471,7 @@ async fn submit(s: &AppState, p: Prepared<'_>) -> Result<UnboundedReceiver<Event
         lora: p.checked.lora,
         constraint: p.constraint,
         special_text: p.special_text,
+        draft_max: p.checked.draft_max,
         events: tx,
         permit,
     };
