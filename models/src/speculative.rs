@@ -273,13 +273,15 @@ impl ModelDrafter {
 
     /// The draft after `history` (as [`NgramDrafter::draft`] takes it), at most `room`
     /// tokens: the draft model's greedy tokens, one pass and one id read back each (the
-    /// history's tokens its cache lacks run in the first pass).
+    /// history's tokens its cache lacks run in the first pass); none once the history passes
+    /// the draft model's context ([`Decoder::max_positions`]).
     ///
     /// # Errors
     /// A model or device error of the draft model.
     pub async fn draft_async(&mut self, history: &[u32], room: usize) -> Result<Vec<u32>, Error> {
         let k = self.length.next(room);
-        if k == 0 || history.is_empty() {
+        // Past the draft model's context the target decodes alone.
+        if k == 0 || history.is_empty() || history.len() + k > self.draft.model.max_positions(1) {
             return Ok(Vec::new());
         }
         let common = (self.ids.iter().zip(history))

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod models;
 pub mod output;
 mod response;
+mod worker;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
