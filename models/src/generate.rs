@@ -419,10 +419,15 @@ pub async fn generate_ids_async<M: CausalLm>(
     while generated.len() < max_new && !tokenizer.is_eog(token) {
         // A verify pass yields the accepted tokens and one more: draft one fewer than room.
         let room = max_new - generated.len() - 1;
-        let draft = match session.drafter.as_mut() {
-            Some(d) if room > 0 => d.draft_async(&history, room).await?,
+        let eog = |t: u32| tokenizer.is_eog(t);
+        let mut draft = match session.drafter.as_mut() {
+            Some(d) if room > 0 => d.draft_async(&history, room, &eog).await?,
             _ => Vec::new(),
         };
+        // Nothing follows an end-of-generation token.
+        if let Some(end) = draft.iter().position(|&t| eog(t)) {
+            draft.truncate(end + 1);
+        }
         if draft.is_empty() {
             let logits = model.forward(&[token], &mut session.cache, false)?;
             session.ids.push(token);

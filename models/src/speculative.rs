@@ -3,7 +3,8 @@
 //!
 //! A decode step reads every weight once whatever the number of rows it takes (up to
 //! [`burn_gguf::tensor::MAX_GEMV_ROWS`] rows a GEMV pass), so checking several guessed tokens
-//! costs little more than producing one. Each step of [`crate::generate_ids`] with speculation on:
+//! costs little more than producing one. Each step of [`crate::generate_ids`] with speculation
+//! on:
 //!
 //! 1. **draft**: [`NgramDrafter::draft`] looks up the last few tokens (an n-gram of
 //!    [`NgramConfig::min_ngram`]..=[`NgramConfig::max_ngram`] tokens, longest first) earlier in
@@ -27,7 +28,7 @@
 //!    so only its length moves ([`crate::CausalLm::truncate_cache`]); a recurrent state goes
 //!    back to the checkpoint and the accepted rows run again.
 //!
-//! The draft length adapts ([`NgramDrafter::record`]): it doubles after a draft is accepted
+//! The draft length adapts ([`Drafter::record`]): it doubles after a draft is accepted
 //! whole, shrinks to one past the accepted part after a partial one, and after a draft of
 //! which nothing was accepted the drafter waits 1, 3, 7 then 15 steps before it looks again,
 //! so text that copies nothing runs almost as plain decoding does.
@@ -273,12 +274,18 @@ impl ModelDrafter {
 
     /// The draft after `history` (as [`NgramDrafter::draft`] takes it), at most `room`
     /// tokens: the draft model's greedy tokens, one pass and one id read back each (the
-    /// history's tokens its cache lacks run in the first pass); none once the history passes
-    /// the draft model's context ([`Decoder::max_positions`]).
+    /// history's tokens its cache lacks run in the first pass), up to the first token `stop`
+    /// holds (an end of generation); none once the history passes the draft model's context
+    /// ([`Decoder::max_positions`]).
     ///
     /// # Errors
     /// A model or device error of the draft model.
-    pub async fn draft_async(&mut self, history: &[u32], room: usize) -> Result<Vec<u32>, Error> {
+    pub async fn draft_async(
+        &mut self,
+        history: &[u32],
+        room: usize,
+        stop: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<u32>, Error> {
         let k = self.length.next(room);
         // Past the draft model's context the target decodes alone.
         if k == 0 || history.is_empty() || history.len() + k > self.draft.model.max_positions(1) {
@@ -299,6 +306,9 @@ impl ModelDrafter {
             self.ids.extend_from_slice(&ids);
             let token = read_ids(logits.argmax(1)).await?[0];
             out.push(token);
+            if stop(token) {
+                break;
+            }
             ids = vec![token];
         }
         Ok(out)
@@ -343,14 +353,20 @@ impl Drafter {
         })
     }
 
-    /// The draft after `history`, at most `room` tokens.
+    /// The draft after `history`, at most `room` tokens; a draft model stops after a token
+    /// `stop` holds (an end of generation: the caller cuts a draft there in any case).
     ///
     /// # Errors
     /// A draft model's model or device error.
-    pub async fn draft_async(&mut self, history: &[u32], room: usize) -> Result<Vec<u32>, Error> {
+    pub async fn draft_async(
+        &mut self,
+        history: &[u32],
+        room: usize,
+        stop: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<u32>, Error> {
         match self {
             Drafter::Ngram(d) => Ok(d.draft(history, room)),
-            Drafter::Model(d) => d.draft_async(history, room).await,
+            Drafter::Model(d) => d.draft_async(history, room, stop).await,
         }
     }
 

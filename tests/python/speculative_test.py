@@ -2,18 +2,20 @@
 """Speculative decoding in `burn-gguf serve --spec ngram` (issue 40): greedy replies with drafts
 equal those without (`speculative.n_max: 0` on the same server), alone, streamed, and 8 at once
 in the continuous batch, on a model with attention layers only and on one with recurrent
-(delta-net) layers; /metrics counts drafted and accepted tokens; a bad `speculative.n_max` is
-a 400 naming it.
+(delta-net) layers, and on Gemma 3 270M with `--gemma`; /metrics counts drafted and accepted
+tokens; a bad `speculative.n_max` is a 400 naming it. Then the CLI: `run --spec ngram`,
+`run --draft-model` and `chat --spec ngram` print what they print without speculation.
 
     python3 tests/python/speculative_test.py --bin target/debug/burn-gguf \
         --model ../shared/fixtures/gguf/tiny-qwen3-Q8_0.gguf \
-        --model ../shared/fixtures/arch/tiny-qwen35-Q8_0.gguf
+        --model ../shared/fixtures/arch/tiny-qwen35-Q8_0.gguf [--gemma PATH]
 """
 import argparse
 import concurrent.futures
 import json
 import os
 import re
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -94,21 +96,65 @@ def bad_values(srv, model):
     check(srv.health()["status"] == "ok", "the server is not healthy after bad requests")
 
 
+def gemma_checks(srv, model):
+    for p in ("Repeat this list exactly: apples, pears, plums, cherries, grapes, lemons.\n"
+              "apples, pears, plums,", PROMPTS[2]):
+        want = complete(srv, model, p, 24, n_max=0)
+        got = complete(srv, model, p, 24)
+        check(got == want, f"{model}: {p!r}: with drafts {got!r}, without {want!r}")
+    print(f"speculative_test: {model}: greedy replies equal with and without drafts")
+
+
+def cli(binary, *args, stdin=None):
+    r = subprocess.run([binary, *args], input=stdin, capture_output=True, text=True,
+                       timeout=900)
+    check(r.returncode == 0, f"{args}: exit {r.returncode}: {r.stderr[-2000:]}")
+    return r.stdout, r.stderr
+
+
+def cli_checks(binary, tiny, fixtures):
+    run = ["run", "-m", tiny, "-p", PROMPTS[0], "-n", "24", "--temp", "0", "--json"]
+    plain = json.loads(cli(binary, *run)[0])
+    spec = json.loads(cli(binary, *run, "--spec", "ngram")[0])
+    check(spec["generated_ids"] == plain["generated_ids"], f"run --spec ngram: {spec} {plain}")
+    check(spec["speculation"]["verify_passes"] > 0, f"run --spec ngram drafted nothing: {spec}")
+    target = os.path.join(fixtures, "tiny-qwen3-f16.gguf")
+    draft = os.path.join(fixtures, "tiny-qwen3-Q4_0.gguf")
+    run = ["run", "-m", target, "-p", PROMPTS[0], "-n", "24", "--temp", "0", "--json"]
+    plain = json.loads(cli(binary, *run)[0])
+    spec = json.loads(cli(binary, *run, "--draft-model", draft)[0])
+    check(spec["generated_ids"] == plain["generated_ids"], f"run --draft-model: {spec} {plain}")
+    check(spec["speculation"]["accepted"] > 0, f"run --draft-model: nothing accepted: {spec}")
+    lines = f"{PROMPTS[0]}\n{PROMPTS[2]}\n"
+    chat = ["chat", "-m", tiny, "-n", "24", "--temp", "0"]
+    plain, _ = cli(binary, *chat, stdin=lines)
+    spec, err = cli(binary, *chat, "--spec", "ngram", stdin=lines)
+    check(spec == plain, f"chat --spec ngram: {spec!r} against {plain!r}")
+    check("drafted" in err, f"chat --spec ngram printed no speculation counts: {err}")
+    print("speculative_test: run --spec ngram, run --draft-model and chat --spec ngram print "
+          "what they print without speculation")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", action="append", required=True)
+    ap.add_argument("--gemma")
     a = ap.parse_args()
-    srv = Server(a.bin, a.model, ["--spec", "ngram", "--max-concurrent", "8"])
+    models = a.model + ([a.gemma] if a.gemma else [])
+    srv = Server(a.bin, models, ["--spec", "ngram", "--max-concurrent", "8"])
     try:
         for path in a.model:
             checks(srv, os.path.basename(path))
+        if a.gemma:
+            gemma_checks(srv, os.path.basename(a.gemma))
         bad_values(srv, os.path.basename(a.model[0]))
         accepted = metric(srv, "speculative_accepted_tokens")
         check(accepted > 0, "no drafted token was accepted")
         print(f"speculative_test: {accepted:.0f} drafted tokens accepted in all")
     finally:
         srv.stop()
+    cli_checks(a.bin, a.model[0], os.path.dirname(os.path.abspath(a.model[0])))
     print("speculative_test: all checks passed")
 
 

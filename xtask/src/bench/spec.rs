@@ -10,8 +10,8 @@
 //!
 //! **A draft model**: the tiny Qwen3 fixture as the draft (its Q8_0 file) of a target 10 times
 //! its cost. No such pair shares a vocabulary in the fixtures, so the target is built here
-//! ([`deeper`]): the F16 fixture with 18 more layers whose output projections are zero, so its
-//! logits are the F16 model's while each token runs 20 layers instead of 2. The draft (Q8_0)
+//! ([`deeper`]): the F16 fixture with 28 more layers whose output projections are zero, so its
+//! logits are the F16 model's while each token runs 30 layers instead of 2. The draft (Q8_0)
 //! then disagrees with the target only where quantization moves its argmax. Figures: each
 //! model's plain decode tokens/s (their ratio is the cost ratio), the target's with the draft,
 //! the acceptance, and the same greedy ids checked.
@@ -26,20 +26,20 @@ use gguf::{GgufWriter, MetadataValue};
 use serde_json::{Value, json};
 
 /// A passage of about 300 tokens for the extraction prompt.
-pub(super) const PASSAGE: &str = "The lighthouse on Gull Rock was built in 1871 from granite quarried on \
-the mainland and carried out by barge over three summers. Its first keeper, Thomas Avery, kept \
-a logbook in which he recorded the weather twice a day, the ships that passed, and the birds \
-that struck the lantern glass during the autumn migration. In the winter of 1883 a storm tore \
-the iron gallery from the tower and flooded the oil store, and for eleven nights Avery kept the \
-light burning with lamp oil he carried up the stairs in buckets. The logbook entries from those \
-nights are short: the wind direction, the height of the sea, and the words 'light kept'. When \
-the lighthouse was automated in 1958, the last keeper, Margaret Hale, left the logbooks to the \
-harbour museum, where they are still kept in a glass case beside the original lens. The lens \
+pub(super) const PASSAGE: &str = "The lighthouse on Gull Rock was built in 1871 from granite \
+quarried on the mainland and carried out by barge over three summers. Its first keeper, Thomas \
+Avery, kept a logbook in which he recorded the weather twice a day, the ships that passed, and the \
+birds that struck the lantern glass during the autumn migration. In the winter of 1883 a storm \
+tore the iron gallery from the tower and flooded the oil store, and for eleven nights Avery kept \
+the light burning with lamp oil he carried up the stairs in buckets. The logbook entries from \
+those nights are short: the wind direction, the height of the sea, and the words 'light kept'. \
+When the lighthouse was automated in 1958, the last keeper, Margaret Hale, left the logbooks to \
+the harbour museum, where they are still kept in a glass case beside the original lens. The lens \
 itself is a first-order Fresnel lens made in Paris, nearly three metres tall, with more than a \
 thousand pieces of hand-ground glass. Visitors can climb the tower on summer weekends, when \
-volunteers explain how the clockwork turned the lens and how the keepers trimmed the wicks. \
-The rock is also home to a colony of puffins, which return every April and leave in August, \
-and the museum keeps a record of their numbers that goes back to Avery's first notes.";
+volunteers explain how the clockwork turned the lens and how the keepers trimmed the wicks. The \
+rock is also home to a colony of puffins, which return every April and leave in August, and the \
+museum keeps a record of their numbers that goes back to Avery's first notes.";
 
 /// A 40-line function for the code-edit prompt.
 const CODE: &str = "def summarize_orders(orders, min_total=0.0):
@@ -214,10 +214,10 @@ fn deeper(path: &Path, extra: usize, out: &Path) -> Result<(), String> {
 fn draft_model(steps: usize) -> Result<Value, String> {
     let fixtures = PathBuf::from("../shared/fixtures/gguf");
     let target_path = std::env::temp_dir().join(format!(
-        "burn-gguf-bench-{}-tiny-qwen3-f16-20-layers.gguf",
+        "burn-gguf-bench-{}-tiny-qwen3-f16-30-layers.gguf",
         std::process::id()
     ));
-    deeper(&fixtures.join("tiny-qwen3-f16.gguf"), 18, &target_path)?;
+    deeper(&fixtures.join("tiny-qwen3-f16.gguf"), 28, &target_path)?;
     let target = burn_gguf_cli::run::load(&target_path, None, false, false);
     let _ = std::fs::remove_file(&target_path);
     let target = target?;
@@ -226,8 +226,12 @@ fn draft_model(steps: usize) -> Result<Value, String> {
     burn_gguf_cli::run::check_same_vocabulary(&target.tokenizer, &draft.tokenizer)?;
     let tokenizer = &target.tokenizer;
     let draft_model = Arc::new(draft.model);
+    // A prompt after which the tiny model writes on (it ends "Once upon a time" at once).
     let ids = tokenizer
-        .encode(super::decode::PROMPT, true)
+        .encode(
+            "one two three four five six seven. one two three four five six seven. one two",
+            true,
+        )
         .map_err(|e| e.to_string())?;
     let speculation = || {
         Speculation::Draft(DraftModel {
@@ -256,7 +260,7 @@ fn draft_model(steps: usize) -> Result<Value, String> {
         with.timings.decode_tps(),
     );
     println!(
-        "draft model: target (tiny-qwen3 F16 + 18 zero layers) {p:.1} tokens/s, draft \
+        "draft model: target (tiny-qwen3 F16 + 28 zero layers) {p:.1} tokens/s, draft \
          (tiny-qwen3 Q8_0) {d:.1} tokens/s ({:.1}x the target's speed); target with the draft \
          {w:.1} tokens/s ({:.2}x), {:.0}% of {} drafted tokens accepted, {:.2} tokens a verify \
          pass, same ids: {same}\n",
@@ -273,7 +277,7 @@ fn draft_model(steps: usize) -> Result<Value, String> {
         ));
     }
     Ok(json!({
-        "target": "tiny-qwen3-f16 with 18 more layers whose output projections are zero",
+        "target": "tiny-qwen3-f16 with 28 more layers whose output projections are zero",
         "draft": "tiny-qwen3-Q8_0",
         "steps": steps,
         "draft_decode_tokens_per_s": d,

@@ -5,9 +5,9 @@
 //! the worker takes the jobs that arrived, prefills one chunk of at most [`PREFILL_CHUNK`]
 //! prompt tokens of one new sequence (so a long prompt does not stall the others for long),
 //! then decodes one token of every sequence past its prompt in one forward pass
-//! ([`Decoder::forward_batch`]; passes of [`DECODE_ROWS`] rows). A sequence joins at a round
-//! boundary and leaves as soon as it ends or its client is gone, freeing its slot and its
-//! concurrency permit.
+//! ([`burn_gguf_models::Decoder::forward_batch`]; passes of [`DECODE_ROWS`] rows). A sequence
+//! joins at a round boundary and leaves as soon as it ends or its client is gone, freeing its
+//! slot and its concurrency permit.
 //!
 //! Prefix reuse: a slot keeps the state of the tokens it last held (a finished sequence's
 //! prompt and reply) until it takes another request. A new request takes the free slot whose
@@ -21,7 +21,7 @@
 //! the logits on the device before sampling, so the rows beside it are sampled as without it.
 //!
 //! Speculative decoding (`serve --spec ngram`, or a request's `speculative.n_max`): a sequence
-//! with a drafter ([`NgramDrafter`]: prompt lookup over its prompt and reply) joins the pass
+//! with a drafter ([`burn_gguf_models::speculative::NgramDrafter`]: prompt lookup over its prompt and reply) joins the pass
 //! with its last token and its drafted tokens as rows of its slot, every row's logits kept;
 //! the longest agreeing prefix and the model's own token after it are taken
 //! ([`burn_gguf_models::speculative`]), and the slot is cut back past the first rejected row

@@ -227,11 +227,11 @@ impl Worker<'_> {
         for s in &mut self.active {
             s.done |= s.job.events.is_closed();
         }
-        if let Some(i) = self.active.iter().position(|s| !s.done && !s.prefilled()) {
-            if let Err(e) = self.prefill(i) {
-                self.fail_all(&e);
-                return;
-            }
+        if let Some(i) = self.active.iter().position(|s| !s.done && !s.prefilled())
+            && let Err(e) = self.prefill(i)
+        {
+            self.fail_all(&e);
+            return;
         }
         let ready: Vec<usize> = (0..self.active.len())
             .filter(|&i| {
@@ -449,7 +449,11 @@ impl Worker<'_> {
                     .chain(&s.generated)
                     .copied()
                     .collect();
-                let draft = d.draft(&history, room);
+                let mut draft = d.draft(&history, room);
+                // Nothing follows an end-of-generation token.
+                if let Some(end) = draft.iter().position(|&t| self.tokenizer.is_eog(t)) {
+                    draft.truncate(end + 1);
+                }
                 budget -= draft.len();
                 r.extend(draft);
             }
