@@ -105,6 +105,39 @@ pub fn run(only: &[GgmlType], op: Option<&str>) -> Result<usize, String> {
                 };
                 push(format!("{t} dequantize_matmul {v}"), shape, e);
             }
+            // Forward, as prefill runs it, at 1, 9, 64 and 300 activation rows (one row, a
+            // partial tile, a whole one, five with a partial last), over a column count that is
+            // not a multiple of 256 where the type's block allows it (544: 17 blocks of 32).
+            let odd = 544;
+            let (cols_m, bytes_m, reference_m) = if t.block_size() <= 32
+                && odd % t.block_size() == 0
+                && odd % ggml_kernels::kernel_block_elems(t).unwrap_or(odd + 1) == 0
+            {
+                let b = input(t, rows, odd, t.id() as u64 + 7)?;
+                let r =
+                    ggml_codec::dequantize_to_vec(t, &b, rows * odd).map_err(|e| e.to_string())?;
+                (odd, b, r)
+            } else {
+                (cols, bytes.clone(), reference.clone())
+            };
+            for m in [1usize, 9, 64, 300] {
+                let x = rand_f32(m * cols_m, 19 + m as u64);
+                let e = matmul_error(
+                    &client,
+                    t,
+                    &bytes_m,
+                    rows,
+                    cols_m,
+                    0,
+                    rows,
+                    false,
+                    &x,
+                    &reference_m,
+                )
+                .map_err(|e| e.to_string());
+                let shape = format!("{m}x{cols_m} . {rows}x{cols_m}");
+                push(format!("{t} dequantize_matmul x W^T"), shape, e);
+            }
         }
         if wants("gemv") {
             for config in GemvConfig::variants(&client) {
