@@ -7,7 +7,7 @@
 //!   rounds (the library's choice is marked).
 //! - **Decode tokens/s** after a 5-token prompt and after a 590-token prompt, greedy, in one
 //!   process after a warm-up generation of each (kernels compiled, matmuls autotuned): the
-//!   issue-40 figure is their ratio. The prompt's prefill tokens/s is printed beside it.
+//!   figure is their ratio. The prompt's prefill tokens/s is printed beside it.
 use std::path::Path;
 
 use burn_gguf_models::{Sampler, SamplerConfig, Session, generate_ids};
