@@ -153,56 +153,26 @@ pub(crate) fn attention(
     // lanes); otherwise one key per unit.
     let hd4 = head_dim / 4;
     let mut part = Array::<f32>::new(comptime!(heads as usize));
-    if comptime!(lanes > 1) {
-        let lane = unit % lanes;
-        let planes = units / lanes;
-        // The same key for every lane of a plane, so the plane sums stay uniform.
-        let mut j = k_start + unit / lanes;
-        while live && j < k_end {
-            key_dots(
-                q,
-                k_cache,
-                &mut part,
-                (g * capacity + j) * hd4,
-                t,
-                n_head,
-                h0,
-                hd4,
-                lane,
-                lanes,
-                heads,
-            );
-            #[unroll]
-            for r in 0..heads {
-                let dot = plane_sum(part[r as usize]);
-                if lane == 0 {
-                    scores[(r * split + j - k0) as usize] = soft_cap(dot * scale, softcap);
-                }
+    let lane = unit % lanes;
+    let planes = units / lanes;
+    // The same key for every lane of a plane, so the plane sums stay uniform.
+    let mut j = k_start + unit / lanes;
+    while live && j < k_end {
+        let k_base = (g * capacity + j) * hd4;
+        key_dots(
+            q, k_cache, &mut part, k_base, t, n_head, h0, hd4, lane, lanes, heads,
+        );
+        #[unroll]
+        for r in 0..heads {
+            let mut dot = part[r as usize];
+            if comptime!(lanes > 1) {
+                dot = plane_sum(dot);
             }
-            j += planes;
-        }
-    } else {
-        let mut j = k_start + unit;
-        while live && j < k_end {
-            key_dots(
-                q,
-                k_cache,
-                &mut part,
-                (g * capacity + j) * hd4,
-                t,
-                n_head,
-                h0,
-                hd4,
-                0u32,
-                1u32,
-                heads,
-            );
-            #[unroll]
-            for r in 0..heads {
-                scores[(r * split + j - k0) as usize] = soft_cap(part[r as usize] * scale, softcap);
+            if lane == 0 {
+                scores[(r * split + j - k0) as usize] = soft_cap(dot * scale, softcap);
             }
-            j += units;
         }
+        j += planes;
     }
     sync_cube();
     // Each unit's largest score of its keys, per head.
