@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 pub mod byte_order;
 pub mod error;
+mod header;
 pub mod metadata;
 pub mod reader;
 pub mod types;
