@@ -240,6 +240,113 @@ impl BatchState {
         }
     }
 
+    /// A copy of `slot`'s state at the longest length it can be restored to: every position it
+    /// holds, or for a model with recurrent layers its checkpoint ([`BatchState::checkpoint`],
+    /// a prompt's end) with the KV caches up to there. `None` when that is no position at all.
+    /// Costs a device copy of the slot's rows (see [`SlotSnapshot::bytes`]).
+    pub fn save_slot(&self, slot: usize) -> Option<SlotSnapshot> {
+        let now = *self.lens.get(slot)?;
+        let recurrent = self
+            .layers
+            .iter()
+            .any(|l| matches!(l, LayerState::Recurrent { .. }));
+        let checkpoint = match recurrent {
+            true => Some(self.checkpoints[slot].as_ref().filter(|c| c.len <= now)?),
+            false => None,
+        };
+        let len = checkpoint.map_or(now, |c| c.len);
+        if len == 0 {
+            return None;
+        }
+        let slots = self.slots();
+        let part = |rows: usize| slot * rows / slots..(slot + 1) * rows / slots;
+        let layers = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| match l {
+                LayerState::Attention { k, v } => {
+                    let [h, _, d] = k.dims();
+                    let rows = |t: &Tensor<3>| copied(t.clone().slice([part(h), 0..len, 0..d]));
+                    SavedLayer::Attention(rows(k), rows(v))
+                }
+                LayerState::Recurrent { .. } => {
+                    let saved = checkpoint.and_then(|c| c.layers[i].clone());
+                    let (state, conv) = saved.expect("a checkpoint holds every recurrent layer");
+                    SavedLayer::Recurrent(copied(state), copied(conv))
+                }
+            })
+            .collect();
+        Some(SlotSnapshot { len, layers })
+    }
+
+    /// Writes `snapshot` (from [`BatchState::save_slot`] of a state of the same model) into
+    /// `slot`, which then holds its positions, with a checkpoint at its end for a model with
+    /// recurrent layers. Returns the positions loaded: 0, with the slot emptied, when the
+    /// caches are not allocated or shorter than the snapshot (after a failed pass), or the
+    /// snapshot does not match this state's layers.
+    pub fn load_slot(&mut self, slot: usize, snapshot: &SlotSnapshot) -> usize {
+        if slot >= self.slots() {
+            return 0;
+        }
+        self.truncate(slot, 0);
+        self.forget_checkpoint(slot);
+        let len = snapshot.len;
+        let fits = len <= self.capacity
+            && self.layers.len() == snapshot.layers.len()
+            && self
+                .layers
+                .iter()
+                .zip(&snapshot.layers)
+                .all(|(l, s)| match (l, s) {
+                    (LayerState::Attention { k, .. }, SavedLayer::Attention(sk, _)) => {
+                        let ([h, _, d], [sh, sl, sd]) = (k.dims(), sk.dims());
+                        sh * self.slots() == h && sl == len && sd == d
+                    }
+                    (LayerState::Recurrent { state, conv }, SavedLayer::Recurrent(ss, sc)) => {
+                        let ([r, dk, dv], [sr, sdk, sdv]) = (state.dims(), ss.dims());
+                        let ([w, ch], [sw, sch]) = (conv.dims(), sc.dims());
+                        let n = self.slots();
+                        (sr * n, sdk, sdv, sw * n, sch) == (r, dk, dv, w, ch)
+                    }
+                    _ => false,
+                });
+        if !fits {
+            return 0;
+        }
+        let slots = self.slots();
+        let part = |rows: usize| slot * rows / slots..(slot + 1) * rows / slots;
+        let mut checkpoint = Vec::with_capacity(self.layers.len());
+        for (layer, saved) in self.layers.iter_mut().zip(&snapshot.layers) {
+            match (layer, saved) {
+                (LayerState::Attention { k, v }, SavedLayer::Attention(sk, sv)) => {
+                    let [h, _, d] = k.dims();
+                    *k = k.clone().slice_assign([part(h), 0..len, 0..d], sk.clone());
+                    *v = v.clone().slice_assign([part(h), 0..len, 0..d], sv.clone());
+                    checkpoint.push(None);
+                }
+                (LayerState::Recurrent { state, conv }, SavedLayer::Recurrent(ss, sc)) => {
+                    let [r, dk, dv] = state.dims();
+                    let [w, ch] = conv.dims();
+                    *state = state
+                        .clone()
+                        .slice_assign([part(r), 0..dk, 0..dv], ss.clone());
+                    *conv = conv.clone().slice_assign([part(w), 0..ch], sc.clone());
+                    checkpoint.push(Some((ss.clone(), sc.clone())));
+                }
+                _ => unreachable!("checked above"),
+            }
+        }
+        if checkpoint.iter().any(Option::is_some) {
+            self.checkpoints[slot] = Some(Checkpoint {
+                len,
+                layers: checkpoint,
+            });
+        }
+        self.lens[slot] = len;
+        len
+    }
+
     /// Forgets `slot`'s checkpoints (a pass starts the slot afresh).
     pub(crate) fn forget_checkpoint(&mut self, slot: usize) {
         for c in [self.checkpoints.get_mut(slot), self.drafts.get_mut(slot)]
@@ -321,6 +428,56 @@ impl BatchState {
     }
 }
 
+/// One slot's state at `len` positions, copied out of a [`BatchState`] by
+/// [`BatchState::save_slot`] and written back, into any slot of a state of the same model, by
+/// [`BatchState::load_slot`]: a server keeps prompt prefixes this way after their slot has
+/// gone to another request. Its tensors live on the device.
+#[derive(Clone, Debug)]
+pub struct SlotSnapshot {
+    len: usize,
+    layers: Vec<SavedLayer>,
+}
+
+/// One layer of a [`SlotSnapshot`].
+#[derive(Clone, Debug)]
+enum SavedLayer {
+    /// Keys and values, `[n_head_kv, len, head_dim]` each.
+    Attention(Tensor<3>, Tensor<3>),
+    /// The recurrent state matrices and the convolution window at `len`.
+    Recurrent(Tensor<3>, Tensor<2>),
+}
+
+impl SlotSnapshot {
+    /// Positions it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no position (never, as made by [`BatchState::save_slot`]).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Device memory it holds, in bytes (f32 tensors).
+    pub fn bytes(&self) -> usize {
+        let n = |dims: &[usize]| dims.iter().product::<usize>() * size_of::<f32>();
+        self.layers
+            .iter()
+            .map(|l| match l {
+                SavedLayer::Attention(k, v) => n(&k.dims()) + n(&v.dims()),
+                SavedLayer::Recurrent(s, c) => n(&s.dims()) + n(&c.dims()),
+            })
+            .sum()
+    }
+
+    /// Whether it holds recurrent layers' state, which can only be resumed at its end.
+    pub fn is_recurrent(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l, SavedLayer::Recurrent(..)))
+    }
+}
+
 /// The decode state of one sequence: a [`BatchState`] of one slot. Made empty by
 /// [`SequenceState::new`] (or [`SequenceState::with_capacity`] to preallocate), filled by the
 /// model's forward passes.
@@ -384,6 +541,14 @@ impl SequenceState {
     pub fn checkpoint_draft(&mut self) {
         self.0.checkpoint_draft(0)
     }
+}
+
+/// `t` in a buffer of its own. A slice is a view of its tensor's buffer where the offsets
+/// allow: kept in a [`SlotSnapshot`], it would keep the whole cache's buffer alive (not the
+/// bytes [`SlotSnapshot::bytes`] counts), and make the next in-place write of the cache copy it.
+fn copied<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    let dims = t.dims();
+    Tensor::<D>::empty(dims, &t.device()).slice_assign(dims.map(|n| 0..n), t)
 }
 
 fn alloc(kind: LayerKind, slots: usize, capacity: usize, device: &Device) -> LayerState {

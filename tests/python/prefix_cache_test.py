@@ -11,6 +11,11 @@ greedy text as a server with `--no-prefix-cache`; `/metrics` counts the hits.
    reused tokens in /metrics (none on the cache-less server).
 2. A conversation: the second turn's prompt holds the first turn and its reply; equal texts.
 3. 8 concurrent requests sharing the prompt: equal texts.
+4. The prefix store (`--cache-memory`): one slot, three conversations taken in turn; each
+   second turn starts from its first turn's stored state (store hits; none with
+   `--cache-memory 0`), a store with room for about two evicts the least recently used, and
+   the texts equal the cache-less server's. Also on a recurrent model (`--recurrent`, tiny
+   Qwen3.5), whose stored states resume at the end of a prompt.
 """
 import argparse
 import concurrent.futures
@@ -35,6 +40,13 @@ def metric(srv, name):
     return float(m.group(1)) if m else 0.0
 
 
+def gauge(srv, name):
+    status, data = srv.raw("GET", "/metrics")
+    check(status == 200, f"/metrics: {status}")
+    m = re.search(rf"^burn_gguf_{name} (\S+)$", data.decode(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 def ask(srv, model, system, question, history=()):
     msgs = [{"role": "system", "content": system}, *history,
             {"role": "user", "content": question}]
@@ -53,12 +65,62 @@ def run(srv, model, system):
     return texts, second, together
 
 
+def store_round(srv, model, systems):
+    """Three conversations in turn on one slot: each system prompt and a first question, then
+    each conversation's second turn (its history holds the first turn and its reply)."""
+    first = [ask(srv, model, s, QUESTIONS[0])[0] for s in systems]
+    second = [ask(srv, model, s, "And then?", [{"role": "user", "content": QUESTIONS[0]},
+                                              {"role": "assistant", "content": reply}])[0]
+              for s, reply in zip(systems, first)]
+    return first + second
+
+
+def check_store(a, path):
+    """Part 4 on the model at `path`: one slot, three conversations in turn, with the store
+    (default size), with a store that holds two of them, with none, and without any cache."""
+    model = os.path.basename(path)
+    systems = [f"Archive {name}. " + PARAGRAPH * 6 for name in ("North", "Quay", "Lighthouse")]
+    runs = {}
+    small = None
+    for label in ("store", "small", "slots only", "off"):
+        extra = {"store": [], "small": ["--cache-memory", str(small)],
+                 "slots only": ["--cache-memory", "0"], "off": ["--no-prefix-cache"]}[label]
+        srv = Server(a.bin, [path], ["--max-concurrent", "1"] + extra)
+        try:
+            runs[label] = store_round(srv, model, systems)
+            hits = metric(srv, "prefix_store_hits")
+            evictions = metric(srv, "prefix_store_evictions")
+            entries, size = gauge(srv, "prefix_store_entries"), gauge(srv, "prefix_store_bytes")
+            print(f"prefix_cache_test: {model}: {label}: {hits:.0f} store hits, {evictions:.0f} "
+                  f"evictions, {entries:.0f} entries of {size / 1024:.0f} KiB")
+            if label == "store":
+                # Each second turn starts after its first turn, stored when the slot moved on.
+                check(hits >= 3, f"{model}: the second turns missed the store: {hits} hits")
+                check(entries >= 3 and size > 0, f"{model}: {entries} entries, {size} bytes")
+                # Room for about two first turns (MiB, rounded up).
+                small = max(1, -(-int(2.5 * size / entries) // (1 << 20)))
+            elif label == "small":
+                check(size <= small << 20, f"{model}: {size} bytes in a {small} MiB store")
+                check(evictions >= 1, f"{model}: no eviction from a {small} MiB store")
+            else:
+                check(hits == 0 and entries == 0, f"{model}: {label}: {hits} hits, {entries} entries")
+        finally:
+            srv.stop()
+    for label in ("store", "small", "slots only"):
+        check(runs[label] == runs["off"],
+              f"{model}: texts with {label} differ:\n{runs[label]}\n{runs['off']}")
+    print(f"prefix_cache_test: {model}: prefix store: greedy texts equal to the cache-less run")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--tiny", required=True)
     ap.add_argument("--gemma")
+    ap.add_argument("--recurrent", help="a model with recurrent layers for part 4")
     a = ap.parse_args()
+    for path in [a.tiny] + ([a.recurrent] if a.recurrent else []):
+        check_store(a, path)
     cases = [(a.tiny, PARAGRAPH * 8)] + ([(a.gemma, PARAGRAPH * 4)] if a.gemma else [])
     models = [c[0] for c in cases]
     results = {}

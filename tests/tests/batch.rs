@@ -253,3 +253,79 @@ fn kv_cache_of_many_slots_stays_within_the_largest_buffer() {
     let got = logits.narrow(0, 1, 1);
     assert!(max_abs_diff(&rows(got)[0], &rows(want)[0]) <= 1e-4);
 }
+
+/// A slot saved ([`BatchState::save_slot`]), overwritten by another prompt and loaded into
+/// another slot ([`BatchState::load_slot`]) decodes what the prompt decodes alone, and an
+/// attention-only model can also resume from a prefix of it; a snapshot of another model does
+/// not load. The prefix store of `serve --cache-memory` relies on this.
+#[test]
+fn a_saved_slot_resumes_in_another_slot() {
+    let device = burn_gguf::default_device();
+    let open = |path: &str| {
+        let file = GgufFile::open(fixtures().join(path)).unwrap();
+        Decoder::load(&GgufLoader::new(&file, &device, GgufConfig::default())).unwrap()
+    };
+    let qwen3 = open("gguf/tiny-qwen3-Q8_0.gguf");
+    let qwen35 = open("arch/tiny-qwen35-Q8_0.gguf");
+    let prompt = PROMPTS[0];
+    let decode = |model: &Decoder, state: &mut BatchState, slot: usize, mut logits: Vec<f32>| {
+        let (mut ids, mut all) = (Vec::new(), Vec::new());
+        for _ in 0..STEPS {
+            let id = argmax(&logits);
+            ids.push(id);
+            all.push(logits);
+            let out = model.forward_batch(state, &[(slot, &[id][..])], false);
+            logits = rows(out.unwrap()).remove(0);
+        }
+        (ids, all)
+    };
+    let mut other_snapshot = None;
+    for (name, model, recurrent) in [("qwen3", &qwen3, false), ("qwen35", &qwen35, true)] {
+        let (want_ids, want_logits) = alone(model, prompt);
+        let mut state = BatchState::new(3);
+        let last = rows(
+            model
+                .forward_batch(&mut state, &[(0, prompt)], false)
+                .unwrap(),
+        )
+        .remove(0);
+        state.checkpoint(0);
+        let snapshot = state.save_slot(0).expect("a slot holding a prompt saves");
+        assert_eq!(snapshot.len(), prompt.len(), "{name}");
+        assert_eq!(snapshot.is_recurrent(), recurrent, "{name}");
+        assert!(snapshot.bytes() > 0, "{name}");
+        // Slot 0 goes to another prompt; the copy still holds the first.
+        state.truncate(0, 0);
+        model
+            .forward_batch(&mut state, &[(0, PROMPTS[1])], false)
+            .unwrap();
+        assert_eq!(state.load_slot(2, &snapshot), prompt.len(), "{name}");
+        let (ids, logits) = decode(model, &mut state, 2, last);
+        assert_eq!(ids, want_ids, "{name}: greedy ids after loading the slot");
+        for (step, (got, want)) in logits.iter().zip(&want_logits).enumerate() {
+            let d = max_abs_diff(got, want);
+            assert!(d <= 1e-4, "{name}: step {step}: max |logit diff| {d}");
+        }
+        if recurrent {
+            // Another model's snapshot does not load, and leaves the slot empty.
+            let other: &burn_gguf_models::SlotSnapshot = other_snapshot.as_ref().unwrap();
+            assert_eq!(
+                state.load_slot(1, other),
+                0,
+                "{name}: another model's snapshot"
+            );
+            assert_eq!(state.len(1), 0);
+        } else {
+            // Attention only: resume from the first 4 positions and feed the rest.
+            assert_eq!(state.load_slot(1, &snapshot), prompt.len());
+            assert_eq!(state.truncate(1, 4), 4);
+            let out = model.forward_batch(&mut state, &[(1, &prompt[4..])], false);
+            let (ids, _) = decode(model, &mut state, 1, rows(out.unwrap()).remove(0));
+            assert_eq!(
+                ids, want_ids,
+                "{name}: greedy ids from a prefix of the snapshot"
+            );
+            other_snapshot = Some(snapshot);
+        }
+    }
+}

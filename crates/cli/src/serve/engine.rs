@@ -14,7 +14,11 @@
 //! tokens share the longest prefix with its prompt (else the one used least recently), keeps
 //! that prefix ([`BatchState::truncate`]; a recurrent model goes back to the checkpoint taken
 //! at the end of the slot's last prompt) and prefills only the rest. A long system prompt or
-//! a conversation's history is computed once per slot, not once per request.
+//! a conversation's history is computed once per slot, not once per request. Before a slot
+//! loses tokens to a request that does not share them, its state is copied into the worker's
+//! prefix store (`serve/prefix_store.rs`, `--cache-memory`), and a request whose prompt shares
+//! more with a stored prefix than with any free slot starts from that copy
+//! ([`BatchState::load_slot`]), so more prefixes stay cached than there are slots.
 //!
 //! A sequence with a grammar (`response_format`) carries its [`TokenConstraint`]: its mask for
 //! the next token is computed on another thread while the pass runs, then added to its row of
@@ -48,6 +52,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
 pub use super::output::{Logprobs, TokenLogprob, first_stop, held_back};
+use super::prefix_store::PrefixStore;
 use super::worker::Worker;
 
 /// Prompt tokens one prefill pass takes: a longer prompt is prefilled in several rounds, each
@@ -175,10 +180,16 @@ pub struct WorkerOptions {
     pub chat_template: Option<String>,
     /// Reuse a slot's cached prompt prefix (off: `--no-prefix-cache`).
     pub prefix_cache: bool,
+    /// Device memory, in bytes, for prefixes kept after their slot went to another request
+    /// (`--cache-memory`; 0: none kept).
+    pub cache_memory: usize,
     /// Speculative decoding of requests that do not choose (`--spec`, `--draft-max`): off or
     /// [`Speculation::Ngram`] ([`start`] refuses a draft model).
     pub speculation: Speculation,
 }
+
+/// [`WorkerOptions::cache_memory`]'s default: 1 GiB (`serve --cache-memory 1024`).
+pub const DEFAULT_CACHE_MEMORY: usize = 1 << 30;
 
 impl Default for WorkerOptions {
     fn default() -> Self {
@@ -191,6 +202,7 @@ impl Default for WorkerOptions {
             lora_scale: 1.0,
             chat_template: None,
             prefix_cache: true,
+            cache_memory: DEFAULT_CACHE_MEMORY,
             speculation: Speculation::Off,
         }
     }
@@ -217,6 +229,7 @@ pub fn start(
         lora_scale,
         chat_template,
         prefix_cache,
+        cache_memory,
         speculation,
     } = opts;
     // The server's drafts; a request's `speculative.n_max` replaces `draft_max`.
@@ -316,6 +329,7 @@ pub fn start(
                 last_used: vec![0; slots.max(1)],
                 rounds: 0,
                 prefix_cache,
+                store: PrefixStore::new(if prefix_cache { cache_memory } else { 0 }),
                 waiting: VecDeque::new(),
                 active: Vec::new(),
                 metrics: &metrics,

@@ -32,6 +32,10 @@ pub struct Metrics {
     prefix_hits: Counter,
     prefix_tokens: Counter,
     prefix_evicted: Counter,
+    store_hits: Counter,
+    store_evicted: Counter,
+    store_entries: Gauge,
+    store_bytes: Gauge,
     drafted: Counter,
     draft_accepted: Counter,
 }
@@ -64,6 +68,10 @@ impl Metrics {
             prefix_hits: Counter::default(),
             prefix_tokens: Counter::default(),
             prefix_evicted: Counter::default(),
+            store_hits: Counter::default(),
+            store_evicted: Counter::default(),
+            store_entries: Gauge::default(),
+            store_bytes: Gauge::default(),
             drafted: Counter::default(),
             draft_accepted: Counter::default(),
             registry: Registry::default(),
@@ -140,6 +148,27 @@ impl Metrics {
             m.prefix_evicted.clone(),
         );
         registry.register(
+            "prefix_store_hits",
+            "Requests that started after a prefix loaded from the prefix store (--cache-memory)",
+            m.store_hits.clone(),
+        );
+        registry.register(
+            "prefix_store_evictions",
+            "Prefix store entries evicted, least recently used first, to stay within \
+             --cache-memory",
+            m.store_evicted.clone(),
+        );
+        registry.register(
+            "prefix_store_entries",
+            "Prefixes the prefix store holds",
+            m.store_entries.clone(),
+        );
+        registry.register(
+            "prefix_store_bytes",
+            "Device memory the prefix store holds, in bytes",
+            m.store_bytes.clone(),
+        );
+        registry.register(
             "speculative_drafted_tokens",
             "Tokens drafted for speculative decoding and checked in verify passes",
             m.drafted.clone(),
@@ -160,6 +189,19 @@ impl Metrics {
             self.prefix_tokens.inc_by(tokens as u64);
         }
         self.prefix_evicted.inc_by(evicted as u64);
+    }
+
+    /// A request started after a prefix loaded from the prefix store.
+    pub fn prefix_store_hit(&self) {
+        self.store_hits.inc();
+    }
+
+    /// A worker's prefix store changed by `entries` entries and `bytes` bytes, evicting
+    /// `evicted` entries.
+    pub fn prefix_store(&self, evicted: usize, entries: i64, bytes: i64) {
+        self.store_evicted.inc_by(evicted as u64);
+        self.store_entries.inc_by(entries);
+        self.store_bytes.inc_by(bytes);
     }
 
     /// A verify pass checked `drafted` drafted tokens of a sequence and accepted `accepted`.

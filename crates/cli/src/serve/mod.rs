@@ -20,6 +20,7 @@ pub mod format;
 pub mod metrics;
 pub mod models;
 pub mod output;
+mod prefix_store;
 mod response;
 mod worker;
 
@@ -100,6 +101,11 @@ pub struct ServeOptions {
     /// (a finished request's prompt and reply stay in its slot for reuse otherwise).
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Device memory, in MiB, for prompt prefixes kept after their slot went to another
+    /// request (a prefix store per model, least recently used evicted first; 0: keep only
+    /// what the slots hold), so more conversations stay cached than `--max-concurrent`.
+    #[arg(long, value_name = "MIB", default_value_t = engine::DEFAULT_CACHE_MEMORY >> 20)]
+    pub cache_memory: usize,
     /// Speculative decoding of every request that does not choose with its
     /// `speculative.n_max` (sequences with a grammar or log-probabilities decode a token a
     /// pass).
@@ -209,6 +215,7 @@ impl Server {
                 lora_scale: opts.lora_scale,
                 chat_template: chat_template.clone(),
                 prefix_cache: !opts.no_prefix_cache,
+                cache_memory: opts.cache_memory.saturating_mul(1 << 20),
                 speculation: speculation.clone(),
             };
             let handle = engine::start(s.path.clone(), worker, metrics.clone())?;

@@ -13,11 +13,12 @@ use burn::tensor::Tensor;
 use burn_gguf_models::generate::{SampleFrom, sample_from};
 use burn_gguf_models::speculative::{NgramConfig, NgramDrafter, Verdict, verify};
 use burn_gguf_models::structured::{TokenConstraint, apply_bias};
-use burn_gguf_models::{BatchState, Decoder, DecoderLora, GgufTokenizer, Sampler};
+use burn_gguf_models::{BatchState, Decoder, DecoderLora, GgufTokenizer, Sampler, SlotSnapshot};
 
 use super::engine::{DECODE_ROWS, Event, FinishReason, Job, PREFILL_CHUNK};
 use super::metrics::Metrics;
 use super::output::{Logprobs, first_stop, held_back, logprobs};
+use super::prefix_store::{PrefixStore, common_prefix};
 
 /// A running sequence.
 pub(super) struct Sequence {
@@ -70,6 +71,8 @@ pub(super) struct Worker<'a> {
     pub(super) rounds: u64,
     /// Whether a new request may start after a cached prefix.
     pub(super) prefix_cache: bool,
+    /// Prefixes kept after their slot went to another request (`--cache-memory`).
+    pub(super) store: PrefixStore<SlotSnapshot, DecoderLora>,
     /// Jobs waiting for a slot (only when more jobs reach this worker than it has slots).
     pub(super) waiting: VecDeque<Job>,
     pub(super) active: Vec<Sequence>,
@@ -142,10 +145,32 @@ impl Worker<'_> {
                 .unwrap_or((0, 0));
             let slot = self.free.swap_remove(at);
             self.metrics.request();
-            let kept = self.state.truncate(slot, common);
+            // A stored prefix longer than the slot's is loaded into it; what the slot held is
+            // stored first when the request would overwrite part of it.
+            let stored = match self.prefix_cache {
+                true => self.store.fetch(&job.prompt_ids, &lora, usable, common),
+                false => None,
+            };
             let had = self.cached[slot].len();
+            let saved = (stored.is_some() || common < had) && self.store_slot(slot);
+            let mut from_store = 0;
+            if let Some((tokens, snapshot)) = stored {
+                let loaded = self.state.load_slot(slot, &snapshot);
+                self.cached[slot] = tokens[..loaded].to_vec();
+                self.cached_lora[slot] = lora.clone();
+                from_store = common_prefix(&self.cached[slot], &job.prompt_ids).min(usable);
+            }
+            let kept = self.state.truncate(slot, from_store.max(common));
+            if from_store > 0 {
+                self.metrics.prefix_store_hit();
+            }
+            let dropped = if saved || from_store > 0 {
+                0
+            } else {
+                had - kept.min(had)
+            };
             self.cached[slot].truncate(kept);
-            self.metrics.prefix_cache(kept, had - kept);
+            self.metrics.prefix_cache(kept, dropped);
             self.last_used[slot] = self.rounds;
             self.cached_lora[slot] = lora.clone();
             let constraint = job.constraint.take();
@@ -175,6 +200,25 @@ impl Worker<'_> {
                 done: false,
             });
         }
+    }
+
+    /// Keeps what `slot` holds in the prefix store (with its adapters); whether it is there.
+    fn store_slot(&mut self, slot: usize) -> bool {
+        if !self.store.enabled() {
+            return false;
+        }
+        let Some(snapshot) = self.state.save_slot(slot) else {
+            return false;
+        };
+        let (entries, bytes) = (self.store.len() as i64, self.store.bytes() as i64);
+        let tokens = &self.cached[slot];
+        let done = self
+            .store
+            .insert(tokens, self.cached_lora[slot].clone(), snapshot);
+        let entries = self.store.len() as i64 - entries;
+        self.metrics
+            .prefix_store(done.evicted, entries, self.store.bytes() as i64 - bytes);
+        done.stored
     }
 
     /// The adapters of a request's choice (`None`: every file at the default scale), built on
@@ -598,11 +642,6 @@ impl Worker<'_> {
             c.clear();
         }
     }
-}
-
-/// Length of the longest common prefix of `a` and `b`.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// Sends `text[sent..upto]` (if any) with the log-probabilities gathered since the last
