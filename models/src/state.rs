@@ -212,8 +212,8 @@ impl BatchState {
                     let [r, dk, dv] = state.dims();
                     let [w, ch] = conv.dims();
                     Some((
-                        state.clone().slice([part(r), 0..dk, 0..dv]),
-                        conv.clone().slice([part(w), 0..ch]),
+                        copied(state.clone().slice([part(r), 0..dk, 0..dv])),
+                        copied(conv.clone().slice([part(w), 0..ch])),
                     ))
                 }
             })
@@ -273,7 +273,8 @@ impl BatchState {
                 LayerState::Recurrent { .. } => {
                     let saved = checkpoint.and_then(|c| c.layers[i].clone());
                     let (state, conv) = saved.expect("a checkpoint holds every recurrent layer");
-                    SavedLayer::Recurrent(copied(state), copied(conv))
+                    // A checkpoint's tensors are copies already ([`BatchState::snapshot`]).
+                    SavedLayer::Recurrent(state, conv)
                 }
             })
             .collect();
@@ -544,8 +545,9 @@ impl SequenceState {
 }
 
 /// `t` in a buffer of its own. A slice is a view of its tensor's buffer where the offsets
-/// allow: kept in a [`SlotSnapshot`], it would keep the whole cache's buffer alive (not the
-/// bytes [`SlotSnapshot::bytes`] counts), and make the next in-place write of the cache copy it.
+/// allow: kept in a checkpoint or a [`SlotSnapshot`], it would keep the whole state's buffer
+/// alive (not the bytes [`SlotSnapshot::bytes`] counts), and make the next in-place write of
+/// that state copy all of it, every slot.
 fn copied<const D: usize>(t: Tensor<D>) -> Tensor<D> {
     let dims = t.dims();
     Tensor::<D>::empty(dims, &t.device()).slice_assign(dims.map(|n| 0..n), t)
