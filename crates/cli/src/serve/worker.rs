@@ -153,7 +153,7 @@ impl Worker<'_> {
             };
             let had = self.cached[slot].len();
             let saved = (stored.is_some() || common < had) && self.store_slot(slot);
-            let mut from_store = 0;
+            let (mut from_store, replaced) = (0, stored.is_some());
             if let Some((tokens, snapshot)) = stored {
                 let loaded = self.state.load_slot(slot, &snapshot);
                 self.cached[slot] = tokens[..loaded].to_vec();
@@ -164,10 +164,12 @@ impl Worker<'_> {
             if from_store > 0 {
                 self.metrics.prefix_store_hit();
             }
-            let dropped = if saved || from_store > 0 {
-                0
-            } else {
-                had - kept.min(had)
+            // Tokens of the slot's own that are gone (all of them when a stored state replaced
+            // them), unless the store kept them.
+            let dropped = match (saved, replaced) {
+                (true, _) => 0,
+                (false, true) => had,
+                (false, false) => had - kept.min(had),
             };
             self.cached[slot].truncate(kept);
             self.metrics.prefix_cache(kept, dropped);
