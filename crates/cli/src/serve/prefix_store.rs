@@ -105,13 +105,8 @@ impl<S: Saved, L> PrefixStore<S, L> {
         }
         let tokens = &tokens[..len];
         self.clock += 1;
-        let covers = |e: &Entry<S, L>, t: &[u32], whole: bool| {
-            e.tokens.len() >= t.len()
-                && e.tokens[..t.len()] == *t
-                && (!whole || e.tokens.len() == t.len())
-        };
         if let Some(e) = (self.entries.iter_mut())
-            .find(|e| same(&e.lora, &lora) && covers(e, tokens, e.saved.whole_only()))
+            .find(|e| same(&e.lora, &lora) && serves(&e.tokens, e.saved.whole_only(), tokens))
         {
             e.last_used = self.clock;
             done.stored = true;
@@ -120,7 +115,7 @@ impl<S: Saved, L> PrefixStore<S, L> {
         let before = self.entries.len();
         let mut freed = 0;
         self.entries.retain(|e| {
-            let drop = same(&e.lora, &lora) && covers_entry(tokens, &saved, e);
+            let drop = same(&e.lora, &lora) && serves(tokens, saved.whole_only(), &e.tokens);
             if drop {
                 freed += e.saved.bytes();
             }
@@ -201,11 +196,10 @@ impl<S: Saved, L> PrefixStore<S, L> {
     }
 }
 
-/// Whether a new entry of `tokens` (state `saved`) makes the stored `e` redundant: `e`'s tokens
-/// are a prefix of `tokens` and the new state can resume where `e` could.
-fn covers_entry<S: Saved, L>(tokens: &[u32], saved: &S, e: &Entry<S, L>) -> bool {
-    let prefix = e.tokens.len() <= tokens.len() && tokens[..e.tokens.len()] == e.tokens[..];
-    prefix && (!saved.whole_only() || e.tokens.len() == tokens.len())
+/// Whether a state of `tokens` (resuming only at its end when `whole`) serves a prompt of
+/// `prefix`: the tokens start with it, and end with it too for a `whole` state.
+fn serves(tokens: &[u32], whole: bool, prefix: &[u32]) -> bool {
+    tokens.starts_with(prefix) && (!whole || tokens.len() == prefix.len())
 }
 
 /// Same adapters: both none, or the same merged adapters.

@@ -147,10 +147,8 @@ impl Worker<'_> {
             self.metrics.request();
             // A stored prefix longer than the slot's is loaded into it; what the slot held is
             // stored first when the request would overwrite part of it.
-            let stored = match self.prefix_cache {
-                true => self.store.fetch(&job.prompt_ids, &lora, usable, common),
-                false => None,
-            };
+            // (Without the prefix cache the store is off and empty.)
+            let stored = self.store.fetch(&job.prompt_ids, &lora, usable, common);
             let had = self.cached[slot].len();
             let saved = (stored.is_some() || common < had) && self.store_slot(slot);
             let (mut from_store, replaced) = (0, stored.is_some());
