@@ -8,13 +8,18 @@
 //!   flash-attention decode: `flash_attn_ext` with `split_k`, then its reduce step).
 //! - `attention_combine()`: that merge, when the keys needed more than one split.
 //!
-//! The cache of one layer holds `slots` sequences: `[slots * n_head_kv, capacity, head_dim]` f32
-//! (Burn order), position `p` of KV head `g` of slot `c` at
-//! `((c * n_head_kv + g) * capacity + p) * head_dim`. Each token row of a launch names its slot
-//! and position in a `rows` buffer (`[n, 2]` u32: slot, position), so one launch serves a
-//! prompt's rows in one slot (positions `past..past + n`) or one decode row of each of several
-//! sequences at their own positions (batched decode); a row whose slot or position is out of
-//! range does nothing.
+//! The cache of one layer is paged, as vLLM's PagedAttention and llama.cpp's unified KV cache
+//! share one pool of cells among sequences: `[n_head_kv, blocks * block, head_dim]` f32 (Burn
+//! order), `blocks` blocks of `block` positions for each KV head. A block table gives each
+//! sequence (slot) its blocks in position order, so position `p` of KV head `g` of slot `c` is
+//! at `((g * blocks + b) * block + p % block) * head_dim` with `b` the table's entry `p / block`
+//! of slot `c` ([`KvPaging`]). Each token row of a launch names its slot and position in a
+//! `rows` buffer (`[n, 2]` u32: slot, position), which the block table follows (`[slots,
+//! width]` u32: one buffer, so a kernel binds no more storage buffers than a browser offers),
+//! so one launch serves a prompt's rows in one slot (positions `past..past + n`) or one decode
+//! row of each of several sequences at their own positions (batched decode); a row whose slot or
+//! position is out of range does nothing. One block per slot of `capacity` positions, block `c`
+//! for slot `c`, is the unpaged layout ([`KvPaging::contiguous`]).
 use crate::KernelError;
 use crate::gemv::Vec4;
 use cubecl::client::Client;
@@ -70,8 +75,9 @@ pub fn attention_heads(rep: usize) -> usize {
 /// query heads that share one KV head, split `s` of the key axis), cubes numbered
 /// `((t - t0) * (n_head / heads) + b) * splits + s` (a launch covers query rows `t0..n`), as
 /// llama.cpp's flash-attention decode groups a KV head's query heads: each key and value is
-/// read once for the block. Query `t` reads slot `c = rows[2t]` of the caches
-/// (`[slots * n_head_kv, capacity, head_dim]`), sits at position `p = rows[2t + 1]` and sees
+/// read once for the block. Query `t` reads slot `c = rows[2t]` of the paged caches
+/// (`[n_head_kv, blocks * block, head_dim]`, the slot's blocks at `rows[table_at + c * width
+/// ..]`: [`KvPaging`]), sits at position `p = rows[2t + 1]` and sees
 /// keys `j <= p` with `p - j < window` (`window == 0`: no window) from `lo = p + 1 - window` (0
 /// without a window or before it fills); query head `h` reads KV head `h / rep` of its slot. A
 /// row whose slot or position is out of range does nothing. The cube scores keys
@@ -97,8 +103,11 @@ pub(crate) fn attention(
     n_head: u32,
     rep: u32,
     head_dim: u32,
-    capacity: u32,
     slots: u32,
+    width: u32,
+    block: u32,
+    blocks: u32,
+    table_at: u32,
     window: u32,
     splits: u32,
     t0: u32,
@@ -113,11 +122,11 @@ pub(crate) fn attention(
     let unit = UNIT_POS_X;
     let units = CUBE_DIM_X;
     let s = cube % splits;
-    let blocks = n_head / heads;
+    let head_blocks = n_head / heads;
     // Row-block pair within this launch, and overall.
     let tb = cube / splits;
-    let h0 = (tb % blocks) * heads;
-    let t_local = tb / blocks;
+    let h0 = (tb % head_blocks) * heads;
+    let t_local = tb / head_blocks;
     let t = t0 + t_local;
     // Whole cubes past the last query (cube counts are rounded up), and rows whose slot or
     // position is out of range, do nothing; the condition is the same for every unit of a
@@ -125,7 +134,7 @@ pub(crate) fn attention(
     let at = select(t < n, t * 2, 0);
     let slot = rows[at as usize];
     let p = rows[(at + 1) as usize];
-    let live = t < n && slot < slots && p < capacity;
+    let live = t < n && slot < slots && p < width * block;
     let mut lo = 0u32;
     if window > 0 && p + 1 > window {
         lo = p + 1 - window;
@@ -134,7 +143,9 @@ pub(crate) fn attention(
     // Visible keys of this split: [k_start, k_end).
     let k_start = k0;
     let k_end = min(k0 + split, p + 1);
-    let g = slot * (n_head / rep) + h0 / rep;
+    // The KV head of the block, and the slot's row of the block table.
+    let kvh = h0 / rep;
+    let tab = table_at + select(live, slot, 0) * width;
     let mut scores = Shared::<[f32]>::new_slice(comptime!((split * heads) as usize));
     // Per head, each unit's running maximum and sum (then trees over the units).
     let mut mx = Shared::<[f32]>::new_slice(comptime!((ATTENTION_UNITS * heads) as usize));
@@ -158,7 +169,7 @@ pub(crate) fn attention(
     // The same key for every lane of a plane, so the plane sums stay uniform.
     let mut j = k_start + unit / lanes;
     while live && j < k_end {
-        let k_base = (g * capacity + j) * hd4;
+        let k_base = kv_row(rows, tab, j, kvh, block, blocks) * hd4;
         key_dots(
             q, k_cache, &mut part, k_base, t, n_head, h0, hd4, lane, lanes, heads,
         );
@@ -239,17 +250,23 @@ pub(crate) fn attention(
         }
         let mut i = k_start;
         while i < k_end {
-            let v = v_cache[((g * capacity + i) * hd4 + d4) as usize];
-            #[unroll]
-            for r in 0..heads {
-                let p = scores[(r * split + i - k0) as usize];
+            // The keys of one block: one read of the block table for them.
+            let run_end = min(k_end, (i / block + 1) * block);
+            let row0 = kv_row(rows, tab, i, kvh, block, blocks);
+            let start = i;
+            while i < run_end {
+                let v = v_cache[((row0 + i - start) * hd4 + d4) as usize];
                 #[unroll]
-                for c in 0..4u32 {
-                    let at = (r * 4 + c) as usize;
-                    acc[at] = fma(p, v.extract(c as usize), acc[at]);
+                for r in 0..heads {
+                    let p = scores[(r * split + i - k0) as usize];
+                    #[unroll]
+                    for c in 0..4u32 {
+                        let at = (r * 4 + c) as usize;
+                        acc[at] = fma(p, v.extract(c as usize), acc[at]);
+                    }
                 }
+                i += 1;
             }
-            i += 1;
         }
         #[unroll]
         for r in 0..heads {
@@ -281,6 +298,15 @@ pub(crate) fn attention(
             part_ml[at + 1] = sm[(unit * units) as usize];
         }
     }
+}
+
+/// The cache row (`[n_head_kv * blocks * block]` rows of `head_dim` values) of position `j` of
+/// KV head `kvh` in the slot whose block table starts at `rows[tab]`: block `rows[tab + j /
+/// block]` (clamped to the cache, so a bad table reads a wrong key, never past the buffer).
+#[cube]
+pub(crate) fn kv_row(rows: &[u32], tab: u32, j: u32, kvh: u32, block: u32, blocks: u32) -> u32 {
+    let b = min(rows[(tab + j / block) as usize], blocks - 1);
+    (kvh * blocks + b) * block + j % block
 }
 
 /// `part[r] = q_r . k` for the `heads` query heads `h0..h0 + heads` of query row `t` and the
@@ -377,6 +403,73 @@ pub(crate) fn attention_combine(
     }
 }
 
+/// How a layer's KV caches are paged (the module's layout): each cache is `[n_head_kv, blocks *
+/// block, head_dim]` f32, and the `rows` buffer of a launch holds, after its `2 * n` values
+/// (each token's slot and position), the block table `[slots, width]` u32: entry `i` of slot
+/// `c` is the block of its positions `i * block .. (i + 1) * block`. Entries past a slot's
+/// blocks are never read for the rows a launch names (a slot's positions stop below its
+/// blocks), and an entry not below `blocks` is clamped when read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvPaging {
+    /// Sequences: rows of the block table.
+    pub slots: usize,
+    /// Entries per slot in the block table: a slot holds at most `width * block` positions.
+    pub width: usize,
+    /// Positions per block.
+    pub block: usize,
+    /// Blocks each cache holds: its second dimension is `blocks * block`.
+    pub blocks: usize,
+}
+
+impl KvPaging {
+    /// The unpaged layout: one block of `capacity` positions per slot, block `c` for slot `c`
+    /// (its table is `0..slots`: [`KvPaging::contiguous_table`]).
+    pub fn contiguous(slots: usize, capacity: usize) -> Self {
+        Self {
+            slots,
+            width: 1,
+            block: capacity,
+            blocks: slots,
+        }
+    }
+
+    /// The block table of [`KvPaging::contiguous`]: `[0, 1, .., slots - 1]`.
+    pub fn contiguous_table(slots: usize) -> Vec<u32> {
+        (0..slots).map(|c| c as u32).collect()
+    }
+
+    /// Most positions one slot holds: `width * block` (`None` past `usize`).
+    pub fn positions(&self) -> Option<usize> {
+        self.width.checked_mul(self.block)
+    }
+
+    /// Values of one cache, `n_head_kv * blocks * block * head_dim` (`None` past `usize`).
+    pub fn cache_values(&self, n_head_kv: usize, head_dim: usize) -> Option<usize> {
+        n_head_kv
+            .checked_mul(self.blocks)?
+            .checked_mul(self.block)?
+            .checked_mul(head_dim)
+    }
+
+    /// Values of the block table: `slots * width` (`None` past `usize`).
+    pub fn table_values(&self) -> Option<usize> {
+        self.slots.checked_mul(self.width)
+    }
+
+    /// Whether the block table's entries index within `u32` (the kernels' arithmetic): blocks
+    /// and positions per slot, and cache rows, `n_head_kv * blocks * block`.
+    pub(crate) fn fits_u32(&self, n_head_kv: usize, head_dim: usize) -> bool {
+        let max = u32::MAX as usize;
+        self.block > 0
+            && self.blocks > 0
+            && self.positions().is_some_and(|p| p <= max)
+            && self
+                .cache_values(n_head_kv, head_dim)
+                .is_some_and(|v| v <= max)
+            && self.table_values().is_some_and(|v| v <= max)
+    }
+}
+
 /// Shapes of one [`launch_attention`] call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
@@ -388,10 +481,8 @@ pub struct AttentionShape {
     pub n_head_kv: usize,
     /// Values per head.
     pub head_dim: usize,
-    /// Sequences the caches hold (their first dimension is `slots * n_head_kv`).
-    pub slots: usize,
-    /// Positions the cache holds per slot: its second dimension.
-    pub capacity: usize,
+    /// How the caches are paged: blocks, and the block table after the rows.
+    pub paging: KvPaging,
     /// Sliding window: a query at `p` sees keys `j` with `p - j < window` (`None`: all).
     pub window: Option<usize>,
     /// The most keys any query row sees (`min(p + 1, window)` for the largest position
@@ -404,16 +495,17 @@ pub struct AttentionShape {
 const ATTENTION_SCRATCH_VALUES: usize = 8 << 20;
 
 /// Causal grouped-query attention of `q` `[n, n_head, head_dim]` over keys and values
-/// `[slots * n_head_kv, capacity, head_dim]`, query row `t` over slot `rows[2t]` up to
-/// position `rows[2t + 1]` (`rows` `[n, 2]` u32; positions up to it filled), into `out`
+/// `[n_head_kv, blocks * block, head_dim]` paged as `s.paging` says, query row `t` over slot
+/// `rows[2t]` up to position `rows[2t + 1]` (`rows` `[2n + slots * width]` u32: the rows, then
+/// the block table; positions up to it filled), into `out`
 /// `[n, n_head, head_dim]`: softmax of `scale * q k^T` over the visible keys (each score
 /// soft-capped as `cap * tanh(score / cap)` with `softcap` `Some(cap)`, Gemma 2), times `v`
 /// (`attention()`, and `attention_combine()` when `keys` is more than [`ATTENTION_SPLIT`]).
 /// All f32. A row whose slot or position is out of range is left unwritten.
 ///
 /// # Errors
-/// `n_head` not a multiple of `n_head_kv`, `keys` of 0 or past the capacity, a window of 0,
-/// buffers shorter than the shapes, or index arithmetic past `u32`.
+/// `n_head` not a multiple of `n_head_kv`, `keys` of 0 or past a slot's positions, a window
+/// of 0, buffers shorter than the shapes, or index arithmetic past `u32`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_attention(
     client: &Client,
@@ -466,13 +558,13 @@ pub fn launch_attention_lanes(
         ));
     }
     let hd = s.head_dim;
+    let pg = s.paging;
     let q_len = s.n.checked_mul(s.n_head).and_then(|v| v.checked_mul(hd));
-    let cache_len = s
-        .slots
-        .checked_mul(s.n_head_kv)
-        .and_then(|v| v.checked_mul(s.capacity))
-        .and_then(|v| v.checked_mul(hd));
-    let (Some(q_len), Some(cache_len)) = (q_len, cache_len) else {
+    let cache_len = pg.cache_values(s.n_head_kv, hd);
+    let rows_len =
+        s.n.checked_mul(2)
+            .and_then(|v| v.checked_add(pg.table_values()?));
+    let (Some(q_len), Some(cache_len), Some(rows_len)) = (q_len, cache_len, rows_len) else {
         return Err(crate::shape_err(OP, format!("{s:?}: sizes overflow")));
     };
     if s.n_head_kv == 0
@@ -481,15 +573,17 @@ pub fn launch_attention_lanes(
         || !s.n_head.is_multiple_of(s.n_head_kv)
         || s.window == Some(0)
         || s.keys == 0
-        || s.keys > s.capacity
-        || q_len.max(cache_len) > u32::MAX as usize
-        || rows.len() < 2 * s.n
+        || pg.positions().is_none_or(|p| s.keys > p)
+        || !pg.fits_u32(s.n_head_kv, hd)
+        || q_len.max(rows_len) > u32::MAX as usize
+        || rows.len() < rows_len
     {
         return Err(crate::shape_err(
             OP,
             format!(
-                "{s:?}: heads, window, keys or rows that do not fit (the head size must be a \
-                 multiple of 4)"
+                "{s:?}: heads, window, keys, paging or rows ({} values) that do not fit (the \
+                 head size must be a multiple of 4)",
+                rows.len()
             ),
         ));
     }
@@ -525,8 +619,7 @@ pub fn launch_attention_lanes(
             s.n_head as u32,
             rep,
             hd as u32,
-            s.capacity as u32,
-            s.slots as u32,
+            [pg.slots, pg.width, pg.block, pg.blocks, 2 * s.n].map(|v| v as u32),
             window,
             splits as u32,
             t as u32,
@@ -553,14 +646,15 @@ pub fn launch_attention_lanes(
     if splits == 1 {
         let cubes = u32::try_from(s.n * (s.n_head / heads))
             .map_err(|_| crate::shape_err(OP, format!("{s:?}: too many query heads")))?;
-        let (n, nh, rep, hd, cap, slots, window, splits, t0) = args(0);
+        let (n, nh, rep, hd, [slots, width, block, blocks, table_at], window, splits, t0) = args(0);
         // SAFETY: one-vector placeholders for the partials, which a direct launch never
         // touches.
         let none = |bytes: usize| unsafe { BufferArg::from_raw_parts(client.empty(bytes), 1) };
         // SAFETY: cubes past the last query row, and rows whose slot or position is out of
-        // range, do nothing; rows are read below 2n, q and out below n * n_head * head_dim
-        // values, the caches below slots * n_head_kv * capacity * head_dim (slot < slots, keys
-        // up to a position < capacity), the shared scores below ATTENTION_SPLIT (each cube's
+        // range, do nothing; rows are read below 2n + slots * width (a live row's slot below
+        // slots and its positions below width * block), q and out below n * n_head * head_dim
+        // values, the caches below n_head_kv * blocks * block * head_dim (table entries
+        // clamped below blocks), the shared scores below ATTENTION_SPLIT (each cube's
         // keys lie in [lo + s * split, lo + (s + 1) * split)); head_dim is a multiple of 4, so
         // vector indices stay below a quarter of those.
         unsafe {
@@ -579,8 +673,11 @@ pub fn launch_attention_lanes(
                 nh,
                 rep,
                 hd,
-                cap,
                 slots,
+                width,
+                block,
+                blocks,
+                table_at,
                 window,
                 splits,
                 t0,
@@ -604,7 +701,8 @@ pub fn launch_attention_lanes(
         let chunk = per_launch.min(s.n - t0);
         let cubes = u32::try_from(chunk * (s.n_head / heads) * splits)
             .map_err(|_| crate::shape_err(OP, format!("{s:?}: too many splits")))?;
-        let (n, nh, rep, hd_u, cap, slots, window, splits_u, t0_u) = args(t0);
+        let (n, nh, rep, hd_u, [slots, width, block, blocks, table_at], window, splits_u, t0_u) =
+            args(t0);
         let n = n.min((t0 + chunk) as u32);
         // SAFETY: as above for q, out and the caches; the partials are written below
         // chunk * n_head * splits * (head_dim | 2) values, within `acc` and `ml` (acc_len is a
@@ -625,8 +723,11 @@ pub fn launch_attention_lanes(
                 nh,
                 rep,
                 hd_u,
-                cap,
                 slots,
+                width,
+                block,
+                blocks,
+                table_at,
                 window,
                 splits_u,
                 t0_u,

@@ -1,9 +1,9 @@
 //! The step between the Q/K/V projections and attention, one launch (`qk_rope_cache()`):
 //! llama.cpp's `rms_norm` + `mul` of Q and K, `rope_ext` of both, and the `set_rows` copies of K
 //! and V into the cache, fused. Optional per-head RMSNorm of Q and K, RoPE from a table of
-//! angles that lives on the device, Q to its own buffer, K and V written into the cache at each
-//! token's slot and position (the cache layout and the `rows` buffer are described in
-//! [`crate::attention`]).
+//! angles that lives on the device, Q to its own buffer, K and V written into the paged cache at
+//! each token's slot and position (the cache layout, the `rows` buffer and its block table are
+//! described in [`crate::attention`]).
 use crate::KernelError;
 use cubecl::client::Client;
 use cubecl::prelude::*;
@@ -18,16 +18,18 @@ use cubecl::prelude::*;
 /// - With `norm`, query and key heads are RMS-normalised with `norms` (`[2, 2 * half]`: the
 ///   query weights, then the key weights): `x * (1 / sqrt(mean(x^2) + eps)) * w`, ggml's
 ///   order.
-/// - Token `t` is at slot `rows[2t]`, position `p = rows[2t + 1]`; a token with a slot not
-///   below `slots` or a position not below `positions` (at most the cache's capacity and the
-///   tables' rows) is skipped.
+/// - Token `t` is at slot `rows[2t]`, position `p = rows[2t + 1]`, in block `b = rows[table_at
+///   + slot * width + p / block]`; a token with a slot not below `slots`, a position not below
+///   `positions` (at most `width * block` and the RoPE table's rows) or a block not below
+///   `blocks` is skipped.
 /// - RoPE of position `p` on the first `2 * rot_half` values of each head from `table`: the
 ///   cosines `[positions, rot_half]` from 0 and the sines from `sin_off` (row `p` holds the
 ///   angles of position `p`); `neox` pairs
 ///   `(i, i + rot_half)`, otherwise `(2i, 2i + 1)`; the values past `2 * rot_half` are copied
 ///   (llama.cpp `rope_ext` with `n_dims` < `ne0`: Qwen3.5's partial rotary).
-/// - Queries go to `q_out` `[n, n_head, 2 * half]`; keys and values to `k_cache` /
-///   `v_cache` `[slots * n_head_kv, capacity, 2 * half]` at the token's slot and position.
+/// - Queries go to `q_out` `[n, n_head, 2 * half]`; keys and values of KV head `g` to `k_cache`
+///   / `v_cache` `[n_head_kv, blocks * block, 2 * half]` at row `(g * blocks + b) * block + p %
+///   block`.
 #[cube(launch_unchecked, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qk_rope_cache(
@@ -49,7 +51,10 @@ pub(crate) fn qk_rope_cache(
     v_stride: u32,
     v_off: u32,
     slots: u32,
-    capacity: u32,
+    width: u32,
+    block: u32,
+    blocks: u32,
+    table_at: u32,
     positions: u32,
     sin_off: u32,
     eps: f32,
@@ -64,16 +69,19 @@ pub(crate) fn qk_rope_cache(
     let at = select(row < n * per_token, t * 2, 0);
     let slot = rows[at as usize];
     let pos = rows[(at + 1) as usize];
-    if row < n * per_token && slot < slots && pos < positions {
+    let live = row < n * per_token && slot < slots && pos < positions;
+    let b = rows[select(live, table_at + slot * width + pos / block, 0) as usize];
+    if live && b < blocks {
         let hd = 2 * half;
         let j = row % per_token;
-        // The token's KV heads start at this cache row.
-        let base = slot * n_head_kv;
+        // KV head `g` of the token is at cache row `g * stride + base`.
+        let stride = blocks * block;
+        let base = b * block + pos % block;
         if j >= n_head + n_head_kv {
             // A value head: copied into the cache as it is.
             let g = j - n_head - n_head_kv;
             let src = t * v_stride + v_off + g * hd;
-            let dst = ((base + g) * capacity + pos) * hd;
+            let dst = (g * stride + base) * hd;
             for d in 0..hd {
                 v_cache[(dst + d) as usize] = v[(src + d) as usize];
             }
@@ -116,7 +124,7 @@ pub(crate) fn qk_rope_cache(
                     q_out[(dst + a) as usize] = y1;
                     q_out[(dst + b) as usize] = y2;
                 } else {
-                    let dst = ((base + j - n_head) * capacity + pos) * hd;
+                    let dst = ((j - n_head) * stride + base) * hd;
                     k_cache[(dst + a) as usize] = y1;
                     k_cache[(dst + b) as usize] = y2;
                 }
@@ -130,7 +138,7 @@ pub(crate) fn qk_rope_cache(
                 if is_q {
                     q_out[((t * n_head + j) * hd + d) as usize] = x;
                 } else {
-                    k_cache[(((base + j - n_head) * capacity + pos) * hd + d) as usize] = x;
+                    k_cache[(((j - n_head) * stride + base) * hd + d) as usize] = x;
                 }
             }
         }
@@ -159,20 +167,20 @@ pub struct QkRopeShape {
     pub v_stride: usize,
     /// Column of the first value head in the V buffer.
     pub v_off: usize,
-    /// Sequences the caches hold (their first dimension is `slots * n_head_kv`).
-    pub slots: usize,
-    /// Positions the cache holds per slot: its second dimension.
-    pub capacity: usize,
-    /// Bound on the tokens' positions: at most `capacity` and the rows of the RoPE tables; a
-    /// token at or past it is skipped.
+    /// How the caches are paged: blocks, and the block table after the rows
+    /// ([`crate::attention::KvPaging`]).
+    pub paging: crate::attention::KvPaging,
+    /// Bound on the tokens' positions: at most `paging.width * paging.block` and the rows of
+    /// the RoPE tables; a token at or past it is skipped.
     pub positions: usize,
 }
 
 /// Normalises (with `norm`: `norms` `[2, head_dim]`, the query weights then the key weights,
 /// and `eps`), rotates and stores one
 /// step's heads, `qk_rope_cache()`: queries of `qk` to `q_out` `[n, n_head, head_dim]`, keys
-/// of `qk` and values of `v` into `k_cache` / `v_cache` `[slots * n_head_kv, capacity,
-/// head_dim]` at each token's slot and position (`rows` `[n, 2]` u32). `table`: `[2, rows,
+/// of `qk` and values of `v` into `k_cache` / `v_cache` `[n_head_kv, blocks * block,
+/// head_dim]` at each token's slot and position (`rows` `[2n + slots * width]` u32: the rows,
+/// then the block table of `paging`). `table`: `[2, rows,
 /// rope_dims / 2]` f32, cosines then sines of at least `positions` rows (its second half
 /// starts the sines). Without `norm`, `norms` is not read.
 ///
@@ -180,8 +188,9 @@ pub struct QkRopeShape {
 /// browsers' WebGPU devices offer.
 ///
 /// # Errors
-/// An odd `head_dim` or `rope_dims`, `rope_dims` past `head_dim`, heads that do not fit their strides, `positions` past `capacity`, a
-/// buffer shorter than the shapes, or index arithmetic past `u32`.
+/// An odd `head_dim` or `rope_dims`, `rope_dims` past `head_dim`, heads that do not fit their
+/// strides, `positions` past a slot's `width * block`, a buffer shorter than the shapes, or
+/// index arithmetic past `u32`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_qk_rope_cache(
     client: &Client,
@@ -202,9 +211,9 @@ pub fn launch_qk_rope_cache(
     let end = Some(s.positions);
     let need = |a: usize, b: usize| a.checked_mul(b);
     let q_len = need(s.n, s.n_head).and_then(|v| need(v, hd));
-    let cache_len = need(s.slots, s.n_head_kv)
-        .and_then(|v| need(v, s.capacity))
-        .and_then(|v| need(v, hd));
+    let pg = s.paging;
+    let cache_len = pg.cache_values(s.n_head_kv, hd);
+    let rows_len = need(s.n, 2).and_then(|v| v.checked_add(pg.table_values()?));
     let table_len = need(s.positions, s.rope_dims / 2);
     let qk_cols = need(s.n_head, hd).and_then(|q| {
         s.k_off
@@ -212,14 +221,22 @@ pub fn launch_qk_rope_cache(
             .map(|k| k.max(q))
     });
     let v_cols = need(s.n_head_kv, hd).and_then(|v| v.checked_add(s.v_off));
-    let (Some(end), Some(q_len), Some(cache_len), Some(table_len), Some(qk_cols), Some(v_cols)) =
-        (end, q_len, cache_len, table_len, qk_cols, v_cols)
+    let (
+        Some(end),
+        Some(q_len),
+        Some(cache_len),
+        Some(rows_len),
+        Some(table_len),
+        Some(qk_cols),
+        Some(v_cols),
+    ) = (end, q_len, cache_len, rows_len, table_len, qk_cols, v_cols)
     else {
         return Err(crate::shape_err(OP, format!("{s:?}: sizes overflow")));
     };
     let fits_u32 = [
         q_len,
         cache_len,
+        rows_len,
         table_len,
         s.n * s.qk_stride,
         s.n * s.v_stride,
@@ -233,24 +250,30 @@ pub fn launch_qk_rope_cache(
         || qk_cols > s.qk_stride
         || v_cols > s.v_stride
         || !fits_u32
+        || !pg.fits_u32(s.n_head_kv, hd)
     {
         return Err(crate::shape_err(
             OP,
             format!(
-                "{s:?}: heads do not fit their strides, or head_dim or rope_dims is odd or too large"
+                "{s:?}: heads do not fit their strides, head_dim or rope_dims is odd or too \
+                 large, or the paging does not fit u32"
             ),
         ));
     }
-    if end > s.capacity {
+    if pg.positions().is_none_or(|p| end > p) {
         return Err(crate::shape_err(
             OP,
-            format!("positions up to {end} do not fit a cache of {}", s.capacity),
+            format!("positions up to {end} do not fit a slot of {pg:?}"),
         ));
     }
-    if rows.len() < 2 * s.n {
+    if rows.len() < rows_len {
         return Err(crate::shape_err(
             OP,
-            format!("{} values of rows for {} tokens", rows.len(), s.n),
+            format!(
+                "{} values of rows for {} tokens and a block table of {pg:?}",
+                rows.len(),
+                s.n
+            ),
         ));
     }
     let norm_len = if norm.is_some() { hd } else { 0 };
@@ -292,9 +315,11 @@ pub fn launch_qk_rope_cache(
     let units = u32::try_from(units)
         .map_err(|_| crate::shape_err(OP, format!("{units} head rows: too many")))?;
     let per_cube = 64u32;
-    // SAFETY: units past the last head row, and tokens whose slot or position is out of
-    // range, do nothing; every index is below the lengths checked above (rows below 2n, query
-    // heads below q_len, cache rows below slots * n_head_kv * capacity, table rows below
+    // SAFETY: units past the last head row, and tokens whose slot, position or block is out
+    // of range, do nothing; every index is below the lengths checked above (rows below 2n +
+    // slots * width, a live token's table entry within its slot's width as its position is
+    // below width * block, query heads below q_len, cache rows below n_head_kv * blocks *
+    // block, table rows below
     // positions in each half of the table, projection columns below their strides, norm
     // weights below 2 * head_dim).
     unsafe {
@@ -319,8 +344,11 @@ pub fn launch_qk_rope_cache(
             s.k_off as u32,
             s.v_stride as u32,
             s.v_off as u32,
-            s.slots as u32,
-            s.capacity as u32,
+            pg.slots as u32,
+            pg.width as u32,
+            pg.block as u32,
+            pg.blocks as u32,
+            (2 * s.n) as u32,
             s.positions as u32,
             sin_off as u32,
             norm.unwrap_or(0.0),

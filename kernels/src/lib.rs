@@ -83,7 +83,7 @@ use formats::{
 use gguf::GgmlType;
 use wgsl_cache::launch_unchecked_cached;
 
-pub use attention::{AttentionShape, launch_attention};
+pub use attention::{AttentionShape, KvPaging, launch_attention};
 pub use delta_net::{DeltaNetShape, DeltaNetStrides, launch_causal_conv, launch_gated_delta_net};
 pub use gemv_config::GemvConfig;
 pub use glu::launch_glu;

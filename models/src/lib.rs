@@ -45,7 +45,7 @@ pub use generate::{
 pub use lora::{DecoderLora, LoraTarget};
 pub use sampling::{Sampler, SamplerConfig};
 pub use speculative::{NgramConfig, SpecStats, Speculation};
-pub use state::{BatchState, LayerKind, LayerState, SequenceState, SlotSnapshot};
+pub use state::{BatchState, KV_BLOCK, LayerKind, LayerState, SequenceState, SlotSnapshot};
 pub use tokenizer::GgufTokenizer;
 
 /// The values of `t` read back to the host as f32 (autodiff stripped first), row-major.

@@ -276,7 +276,7 @@ impl ModelDrafter {
     /// tokens: the draft model's greedy tokens, one pass and one id read back each (the
     /// history's tokens its cache lacks run in the first pass), up to the first token `stop`
     /// holds (an end of generation); none once the history passes the draft model's context
-    /// ([`Decoder::max_positions`]).
+    /// (`context_length`, and [`Decoder::max_kv_positions`]).
     ///
     /// # Errors
     /// A model or device error of the draft model.
@@ -288,7 +288,9 @@ impl ModelDrafter {
     ) -> Result<Vec<u32>, Error> {
         let k = self.length.next(room);
         // Past the draft model's context the target decodes alone.
-        if k == 0 || history.is_empty() || history.len() + k > self.draft.model.max_positions(1) {
+        let model = &self.draft.model;
+        let fits = model.config().context_length.min(model.max_kv_positions());
+        if k == 0 || history.is_empty() || history.len() + k > fits {
             return Ok(Vec::new());
         }
         let common = (self.ids.iter().zip(history))

@@ -1,26 +1,33 @@
 //! The decode state: what a model keeps on the device between forward passes, layer by layer,
 //! for one sequence ([`SequenceState`]) or for several decoded together ([`BatchState`]).
 //!
-//! Attention layers keep a KV cache, preallocated for `capacity` positions per sequence and
-//! written in place ([`burn_gguf::qk_rope_cache`]), so a decode step copies nothing but the new
-//! tokens' heads. The sequences of a batch share one cache tensor per layer, each in its own
-//! slot, so one kernel launch writes or attends for all of them ([`burn_gguf::CacheRows`]).
+//! Attention layers keep a KV cache written in place ([`burn_gguf::qk_rope_cache`]), so a decode
+//! step copies nothing but the new tokens' heads. The cache is paged (vLLM's PagedAttention,
+//! llama.cpp's unified KV cache): the sequences of a batch share one pool of blocks of
+//! [`KV_BLOCK`] positions per layer, each slot taking blocks as it grows and giving them back
+//! when it is cut ([`BatchState::truncate`]), so the caches hold what the sequences hold, not
+//! slots times the longest, and one kernel launch writes or attends for every slot through the
+//! block table ([`burn_gguf::CacheRows`]).
 //! Linear-attention layers (the gated delta-net layers of Qwen3.5, for one) keep a fixed-size
 //! recurrent state and a short convolution window instead ([`LayerState::Recurrent`]). Such
 //! a state cannot be cut back to an earlier position, so a slot can keep a copy of it at one
 //! position ([`BatchState::checkpoint`], taken after a prompt): a chat's next turn, whose
 //! rendered history starts with that prompt, resumes from there.
-use burn::tensor::{Device, Tensor};
+use std::collections::BTreeSet;
 
-/// Positions a cache grows by at least, so growth is rare and sizes are few.
-pub const CAPACITY_STEP: usize = 256;
+use burn::tensor::{Device, Tensor};
+use burn_gguf::{block_pieces, slot_positions};
+
+/// Positions per block of the paged KV caches: a slot holds whole blocks, so it leaves at most
+/// `KV_BLOCK - 1` positions unused.
+pub const KV_BLOCK: usize = 64;
 
 /// One layer's state, for every slot of the batch.
 #[derive(Clone, Debug)]
 pub enum LayerState {
-    /// Keys and values of an attention layer, `[slots * n_head_kv, capacity, head_dim]` f32
-    /// each: slot `c`'s KV head `g` is row `c * n_head_kv + g`; positions `0..len(c)` are
-    /// valid.
+    /// Keys and values of an attention layer, `[n_head_kv, blocks * KV_BLOCK, head_dim]` f32
+    /// each: a pool of blocks, a slot's positions in the blocks its table gives
+    /// ([`BatchState::table`]).
     Attention {
         /// Keys, rotated.
         k: Tensor<3>,
@@ -65,15 +72,29 @@ pub enum LayerKind {
 }
 
 /// The decode state of up to `slots` sequences decoded together (a server's running
-/// requests): every layer's [`LayerState`] on the device, shared by the slots, and how many
-/// positions each slot holds. Made empty by [`BatchState::new`], filled by the model's
-/// forward passes ([`crate::Decoder::forward_batch`]).
+/// requests): every layer's [`LayerState`] on the device, shared by the slots, how many
+/// positions each slot holds and, for the paged KV caches, which blocks. Made empty by
+/// [`BatchState::new`], filled by the model's forward passes
+/// ([`crate::Decoder::forward_batch`]).
 #[derive(Clone, Debug)]
 pub struct BatchState {
     layers: Vec<LayerState>,
     lens: Vec<usize>,
-    capacity: usize,
-    /// Positions to allocate on first use (0: as needed).
+    /// Per slot, the blocks of the KV caches it holds, in position order (one table for every
+    /// attention layer): `ceil(len / KV_BLOCK)` of them, or more after a pass that failed
+    /// (until the slot is cut: [`BatchState::truncate`]).
+    tables: Vec<Vec<u32>>,
+    /// Blocks no slot holds; the lowest is taken first, so a slot's blocks tend to follow each
+    /// other (a prompt's attention reads them as one view).
+    free: BTreeSet<u32>,
+    /// Blocks each KV cache holds (0 before the first pass).
+    blocks: usize,
+    /// Most positions the caches may hold, all slots together ([`BatchState::with_limit`]).
+    limit: usize,
+    /// The most blocks the caches may grow to: `limit`, and the device's largest buffer as the
+    /// last pass gave it.
+    max_blocks: usize,
+    /// Positions per slot to allocate on first use (0: as needed).
     reserve: usize,
     /// Per slot, the recurrent layers' state at one earlier position (the end of a prompt).
     checkpoints: Vec<Option<Checkpoint>>,
@@ -93,12 +114,17 @@ struct Checkpoint {
 
 impl BatchState {
     /// An empty state of `slots` sequences (at least 1); caches are allocated on the first
-    /// forward pass, sized for it (rounded up to [`CAPACITY_STEP`]), and grown when needed.
+    /// forward pass, sized for it (in whole blocks of [`KV_BLOCK`] positions), and grown (at
+    /// least doubled) when the slots need more blocks than are free.
     pub fn new(slots: usize) -> Self {
         Self {
             layers: Vec::new(),
             lens: vec![0; slots.max(1)],
-            capacity: 0,
+            tables: vec![Vec::new(); slots.max(1)],
+            free: BTreeSet::new(),
+            blocks: 0,
+            limit: usize::MAX,
+            max_blocks: usize::MAX,
             reserve: 0,
             checkpoints: vec![None; slots.max(1)],
             drafts: vec![None; slots.max(1)],
@@ -106,12 +132,29 @@ impl BatchState {
     }
 
     /// An empty state whose caches are allocated for `positions` positions per slot on the
-    /// first forward pass, so they never grow below that.
+    /// first forward pass (within the limit), so they need not grow below that.
     pub fn with_capacity(slots: usize, positions: usize) -> Self {
         Self {
             reserve: positions,
             ..Self::new(slots)
         }
+    }
+
+    /// The state with its KV caches held to `positions` positions, all slots together, rounded
+    /// down to whole blocks (at least one): llama.cpp's `-c` of a unified cache. A pass that
+    /// would need more fails, saying so, and leaves the state as it was; the device's largest
+    /// buffer limits them too ([`crate::Decoder::max_kv_positions`]).
+    pub fn with_limit(self, positions: usize) -> Self {
+        Self {
+            limit: positions.max(KV_BLOCK) / KV_BLOCK * KV_BLOCK,
+            ..self
+        }
+    }
+
+    /// Most positions the caches may hold, all slots together ([`BatchState::with_limit`];
+    /// `usize::MAX` without a limit).
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 
     /// Sequences the state holds.
@@ -124,9 +167,38 @@ impl BatchState {
         self.lens.get(slot).copied().unwrap_or(0)
     }
 
-    /// Positions each slot's caches hold before they must grow (0 before the first pass).
+    /// Positions the KV caches hold now, all slots together (every block, held or free; 0
+    /// before the first pass).
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.blocks * KV_BLOCK
+    }
+
+    /// Positions of the blocks `slot` holds (its length rounded up to [`KV_BLOCK`]; 0 for a
+    /// slot past the last).
+    pub fn held(&self, slot: usize) -> usize {
+        match self.layers.is_empty() {
+            true => 0,
+            false => self.tables.get(slot).map_or(0, |t| t.len() * KV_BLOCK),
+        }
+    }
+
+    /// Slot `slot`'s blocks of the KV caches, in position order: its positions `i * KV_BLOCK
+    /// .. (i + 1) * KV_BLOCK` are in block `table(slot)[i]` of every attention layer.
+    ///
+    /// # Panics
+    /// A slot past the last.
+    pub fn table(&self, slot: usize) -> &[u32] {
+        &self.tables[slot]
+    }
+
+    /// Every slot's blocks ([`BatchState::table`]).
+    pub(crate) fn tables(&self) -> &[Vec<u32>] {
+        &self.tables
+    }
+
+    /// Blocks each KV cache holds (0 before the first pass).
+    pub(crate) fn blocks(&self) -> usize {
+        self.blocks
     }
 
     /// The layers' states (empty before the first pass).
@@ -136,15 +208,18 @@ impl BatchState {
 
     /// Keeps the first `len` positions of `slot` (nothing changes when `len >= len(slot)`),
     /// so a conversation reuses the state of its common prefix; `truncate(slot, 0)` frees the
-    /// slot for a new sequence. A KV cache only forgets positions; a recurrent layer cannot go
-    /// back, so a slot of a model with one goes back to the latest of its checkpoints at or
-    /// before `len` ([`BatchState::checkpoint`], [`BatchState::checkpoint_draft`]), else to
-    /// empty. Returns the positions kept.
+    /// slot for a new sequence. The KV blocks past what is kept go back to the pool. A KV cache
+    /// only forgets positions; a recurrent layer cannot go back, so a slot of a model with one
+    /// goes back to the latest of its checkpoints at or before `len`
+    /// ([`BatchState::checkpoint`], [`BatchState::checkpoint_draft`]), else to empty. Returns
+    /// the positions kept.
     pub fn truncate(&mut self, slot: usize, len: usize) -> usize {
         let Some(&now) = self.lens.get(slot) else {
             return 0;
         };
         if len >= now {
+            // Blocks a pass took and did not fill (it failed after taking them) go back.
+            self.release(slot, now);
             return now;
         }
         let recurrent = self
@@ -175,7 +250,18 @@ impl BatchState {
             }
         }
         self.lens[slot] = kept;
+        self.release(slot, kept);
         kept
+    }
+
+    /// Gives back the blocks of `slot` past its first `len` positions.
+    fn release(&mut self, slot: usize, len: usize) {
+        let keep = len.div_ceil(KV_BLOCK);
+        if let Some(t) = self.tables.get_mut(slot)
+            && t.len() > keep
+        {
+            self.free.extend(t.drain(keep..));
+        }
     }
 
     /// Remembers `slot`'s recurrent states at its current length, replacing an earlier
@@ -258,16 +344,14 @@ impl BatchState {
         if len == 0 {
             return None;
         }
-        let slots = self.slots();
-        let part = |rows: usize| slot * rows / slots..(slot + 1) * rows / slots;
+        let table = &self.tables[slot];
         let layers = self
             .layers
             .iter()
             .enumerate()
             .map(|(i, l)| match l {
                 LayerState::Attention { k, v } => {
-                    let [h, _, d] = k.dims();
-                    let rows = |t: &Tensor<3>| copied(t.clone().slice([part(h), 0..len, 0..d]));
+                    let rows = |t: &Tensor<3>| copied(slot_positions(t, table, KV_BLOCK, 0, len));
                     SavedLayer::Attention(rows(k), rows(v))
                 }
                 LayerState::Recurrent { .. } => {
@@ -284,8 +368,8 @@ impl BatchState {
     /// Writes `snapshot` (from [`BatchState::save_slot`] of a state of the same model) into
     /// `slot`, which then holds its positions, with a checkpoint at its end for a model with
     /// recurrent layers. Returns the positions loaded: 0, with the slot emptied, when the
-    /// caches are not allocated or shorter than the snapshot (after a failed pass), or the
-    /// snapshot does not match this state's layers.
+    /// caches are not allocated (after a failed pass), the snapshot does not match this
+    /// state's layers, or its blocks are not free within the limit.
     pub fn load_slot(&mut self, slot: usize, snapshot: &SlotSnapshot) -> usize {
         if slot >= self.slots() {
             return 0;
@@ -293,8 +377,7 @@ impl BatchState {
         self.truncate(slot, 0);
         self.forget_checkpoint(slot);
         let len = snapshot.len;
-        let fits = len <= self.capacity
-            && self.layers.len() == snapshot.layers.len()
+        let fits = self.layers.len() == snapshot.layers.len()
             && self
                 .layers
                 .iter()
@@ -302,7 +385,7 @@ impl BatchState {
                 .all(|(l, s)| match (l, s) {
                     (LayerState::Attention { k, .. }, SavedLayer::Attention(sk, _)) => {
                         let ([h, _, d], [sh, sl, sd]) = (k.dims(), sk.dims());
-                        sh * self.slots() == h && sl == len && sd == d
+                        sh == h && sl == len && sd == d
                     }
                     (LayerState::Recurrent { state, conv }, SavedLayer::Recurrent(ss, sc)) => {
                         let ([r, dk, dv], [sr, sdk, sdv]) = (state.dims(), ss.dims());
@@ -312,18 +395,26 @@ impl BatchState {
                     }
                     _ => false,
                 });
-        if !fits {
+        if !fits || self.take_blocks(&[(slot, len)]).is_err() {
             return 0;
         }
         let slots = self.slots();
         let part = |rows: usize| slot * rows / slots..(slot + 1) * rows / slots;
+        let pieces = block_pieces(&self.tables[slot], KV_BLOCK, 0, len);
         let mut checkpoint = Vec::with_capacity(self.layers.len());
         for (layer, saved) in self.layers.iter_mut().zip(&snapshot.layers) {
             match (layer, saved) {
                 (LayerState::Attention { k, v }, SavedLayer::Attention(sk, sv)) => {
                     let [h, _, d] = k.dims();
-                    *k = k.clone().slice_assign([part(h), 0..len, 0..d], sk.clone());
-                    *v = v.clone().slice_assign([part(h), 0..len, 0..d], sv.clone());
+                    let mut o = 0;
+                    for &(start, n) in &pieces {
+                        let at = [0..h, start..start + n, 0..d];
+                        *k = k
+                            .clone()
+                            .slice_assign(at.clone(), sk.clone().narrow(1, o, n));
+                        *v = v.clone().slice_assign(at, sv.clone().narrow(1, o, n));
+                        o += n;
+                    }
                     checkpoint.push(None);
                 }
                 (LayerState::Recurrent { state, conv }, SavedLayer::Recurrent(ss, sc)) => {
@@ -358,53 +449,103 @@ impl BatchState {
         }
     }
 
-    /// Makes room for `positions` positions in every slot: allocates the layers on first use
-    /// (`kinds`, one per layer), and grows every KV cache (to at least twice its capacity,
-    /// rounded up to [`CAPACITY_STEP`], at most `max`) when `positions` exceeds it, copying
-    /// what the slots hold.
+    /// Makes room for a pass: slot `c` of each `(c, end)` of `ends` holds blocks for positions
+    /// `0..end` after it. Allocates the layers on first use (`kinds`, one per layer) and grows
+    /// every KV cache (at least doubling it, copying what it holds) when the free blocks do not
+    /// suffice, within the limit ([`BatchState::with_limit`]) and `max` positions (the device's
+    /// largest buffer).
+    ///
+    /// # Errors
+    /// When the blocks the pass needs are more than are free within those limits (the other
+    /// slots hold them); the state is unchanged.
     ///
     /// # Panics
     /// If `kinds` does not match the layers already allocated (a programming error: one state
     /// serves one model).
     pub(crate) fn reserve(
         &mut self,
-        positions: usize,
+        ends: &[(usize, usize)],
         max: usize,
         kinds: &[LayerKind],
         device: &Device,
-    ) {
-        let round = |p: usize| p.div_ceil(CAPACITY_STEP) * CAPACITY_STEP;
-        let slots = self.slots();
+    ) -> Result<(), String> {
+        self.max_blocks = (self.limit.min(max) / KV_BLOCK).max(1);
         if self.layers.is_empty() {
-            let cap = round(positions.max(self.reserve)).min(max).max(positions);
+            // First use, or after a failed pass: every slot starts empty.
+            let slots = self.slots();
+            let need: usize = ends.iter().map(|&(_, end)| end.div_ceil(KV_BLOCK)).sum();
+            if need > self.max_blocks {
+                return Err(self.full(need));
+            }
+            let blocks = need
+                .max(slots * self.reserve.div_ceil(KV_BLOCK))
+                .clamp(1, self.max_blocks);
             self.layers = kinds
                 .iter()
-                .map(|k| alloc(*k, slots, cap, device))
+                .map(|k| alloc(*k, slots, blocks, device))
                 .collect();
-            self.capacity = cap;
-            return;
+            self.tables = vec![Vec::new(); slots];
+            self.free = (0..blocks as u32).collect();
+            self.blocks = blocks;
         }
         assert_eq!(self.layers.len(), kinds.len(), "a state serves one model");
-        if positions <= self.capacity {
-            return;
+        self.take_blocks(ends)
+    }
+
+    /// Gives each `(slot, end)` of `ends` blocks for positions `0..end`, growing the caches
+    /// within `max_blocks` when the free blocks do not suffice; nothing changes on an error.
+    fn take_blocks(&mut self, ends: &[(usize, usize)]) -> Result<(), String> {
+        let need: usize = ends
+            .iter()
+            .map(|&(c, end)| end.div_ceil(KV_BLOCK).saturating_sub(self.tables[c].len()))
+            .sum();
+        if need > self.free.len() {
+            let want = self.blocks + need - self.free.len();
+            if want > self.max_blocks {
+                return Err(self.full(need));
+            }
+            self.grow(want.max(2 * self.blocks).min(self.max_blocks));
         }
-        let cap = round(positions.max(2 * self.capacity))
-            .min(max)
-            .max(positions);
-        let keep = self.lens.iter().copied().max().unwrap_or(0);
-        for (layer, kind) in self.layers.iter_mut().zip(kinds) {
-            if let LayerState::Attention { k, v } = layer {
-                let LayerState::Attention { k: nk, v: nv } = alloc(*kind, slots, cap, device)
-                else {
-                    unreachable!("an attention kind allocates an attention layer")
-                };
-                let [h, _, d] = k.dims();
-                let held = |t: &Tensor<3>| t.clone().narrow(1, 0, keep);
-                *k = nk.slice_assign([0..h, 0..keep, 0..d], held(k));
-                *v = nv.slice_assign([0..h, 0..keep, 0..d], held(v));
+        for &(c, end) in ends {
+            while self.tables[c].len() < end.div_ceil(KV_BLOCK) {
+                let b = self.free.pop_first().expect("blocks counted above");
+                self.tables[c].push(b);
             }
         }
-        self.capacity = cap;
+        Ok(())
+    }
+
+    /// Why a pass needing `need` more blocks cannot have them.
+    fn full(&self, need: usize) -> String {
+        let free = self.max_blocks.saturating_sub(self.blocks) + self.free.len();
+        format!(
+            "the KV cache holds {} positions, all sequences together, and {} of them are free: \
+             this pass needs {} more",
+            self.max_blocks * KV_BLOCK,
+            free * KV_BLOCK,
+            need * KV_BLOCK
+        )
+    }
+
+    /// Grows every KV cache to `blocks` blocks, copying what it holds; the new blocks are free.
+    fn grow(&mut self, blocks: usize) {
+        if blocks <= self.blocks {
+            return;
+        }
+        let added = blocks - self.blocks;
+        for layer in &mut self.layers {
+            if let LayerState::Attention { k, v } = layer {
+                let [h, _, d] = k.dims();
+                let more = |t: &Tensor<3>| {
+                    let zeros = Tensor::zeros([h, added * KV_BLOCK, d], &t.device());
+                    Tensor::cat(vec![t.clone(), zeros], 1)
+                };
+                *k = more(k);
+                *v = more(v);
+            }
+        }
+        self.free.extend(self.blocks as u32..blocks as u32);
+        self.blocks = blocks;
     }
 
     /// Takes every layer's state out for a forward pass, which hands each KV cache to the op
@@ -412,7 +553,7 @@ impl BatchState {
     /// [`BatchState::put_layers`] the state is empty: a pass that fails part way leaves every
     /// slot so, to be filled again from scratch.
     pub(crate) fn take_layers(&mut self) -> Vec<LayerState> {
-        // Empty layers make the next `reserve` allocate afresh, whatever `capacity` says.
+        // Empty layers make the next `reserve` allocate afresh, whatever the tables say.
         self.lens.iter_mut().for_each(|l| *l = 0);
         std::mem::take(&mut self.layers)
     }
@@ -492,8 +633,8 @@ impl Default for SequenceState {
 }
 
 impl SequenceState {
-    /// An empty state; caches are allocated on the first forward pass, sized for it
-    /// (rounded up to [`CAPACITY_STEP`]), and grown when needed.
+    /// An empty state; caches are allocated on the first forward pass, sized for it (whole
+    /// blocks of [`KV_BLOCK`] positions), and grown when needed.
     pub fn new() -> Self {
         Self(BatchState::new(1))
     }
@@ -519,10 +660,16 @@ impl SequenceState {
         self.0.capacity()
     }
 
-    /// The layers' states (empty before the first pass), `[n_head_kv, capacity, head_dim]`
-    /// for an attention layer.
+    /// The layers' states (empty before the first pass), `[n_head_kv, blocks * KV_BLOCK,
+    /// head_dim]` for an attention layer (the sequence's blocks: [`SequenceState::table`]).
     pub fn layers(&self) -> &[LayerState] {
         self.0.layers()
+    }
+
+    /// The sequence's blocks of the KV caches, in position order (see
+    /// [`BatchState::table`]).
+    pub fn table(&self) -> &[u32] {
+        self.0.table(0)
     }
 
     /// Keeps the first `len` positions (see [`BatchState::truncate`]). Returns the positions
@@ -553,14 +700,15 @@ fn copied<const D: usize>(t: Tensor<D>) -> Tensor<D> {
     Tensor::<D>::empty(dims, &t.device()).slice_assign(dims.map(|n| 0..n), t)
 }
 
-fn alloc(kind: LayerKind, slots: usize, capacity: usize, device: &Device) -> LayerState {
+/// A layer's state: KV caches of `blocks` blocks, or `slots` recurrent states.
+fn alloc(kind: LayerKind, slots: usize, blocks: usize, device: &Device) -> LayerState {
     match kind {
         LayerKind::Attention {
             n_head_kv,
             head_dim,
         } => LayerState::Attention {
-            k: Tensor::zeros([slots * n_head_kv, capacity, head_dim], device),
-            v: Tensor::zeros([slots * n_head_kv, capacity, head_dim], device),
+            k: Tensor::zeros([n_head_kv, blocks * KV_BLOCK, head_dim], device),
+            v: Tensor::zeros([n_head_kv, blocks * KV_BLOCK, head_dim], device),
         },
         LayerKind::Recurrent {
             n_head_v,

@@ -16,6 +16,10 @@ greedy text as a server with `--no-prefix-cache`; `/metrics` counts the hits.
    `--cache-memory 0`), a store with room for about two evicts the least recently used, and
    the texts equal the cache-less server's. Also on a recurrent model (`--recurrent`, tiny
    Qwen3.5), whose stored states resume at the end of a prompt.
+5. The paged KV cache (`--kv-size`): 4 slots sharing 256 positions (4 blocks of 64), 6
+   concurrent requests that may each reach 2 blocks (all at once would need 12): each waits
+   until the cache can hold it, none fails, and the texts equal those of one request at a
+   time on a server with the default cache; a request past the 256 positions is a 400.
 """
 import argparse
 import concurrent.futures
@@ -112,6 +116,43 @@ def check_store(a, path):
     print(f"prefix_cache_test: {model}: prefix store: greedy texts equal to the cache-less run")
 
 
+def check_paged(a, path):
+    """Part 5 on the model at `path`."""
+    model = os.path.basename(path)
+    prompts = [f"Entry {i}: letters, maps and ledgers." for i in range(6)]
+
+    def complete(srv, prompt, max_tokens):
+        r = srv.client.completions.create(model=model, prompt=prompt, temperature=0,
+                                          max_tokens=max_tokens)
+        return r.choices[0].text, r.usage.prompt_tokens
+
+    srv = Server(a.bin, [path], ["--max-concurrent", "1"])
+    try:
+        lens = [complete(srv, p, 1)[1] for p in prompts]
+        check(max(lens) < 50, f"{model}: prompts of {lens} tokens")
+        # Each request may reach position 100: a second block of 64.
+        budgets = [100 - n for n in lens]
+        alone = [complete(srv, p, m) for p, m in zip(prompts, budgets)]
+    finally:
+        srv.stop()
+    srv = Server(a.bin, [path], ["--max-concurrent", "4", "--kv-size", "256"])
+    try:
+        with concurrent.futures.ThreadPoolExecutor(6) as ex:
+            together = list(ex.map(lambda pm: complete(srv, *pm), zip(prompts, budgets)))
+        try:
+            srv.client.completions.create(model=model, prompt=prompts[0], max_tokens=250)
+            check(False, f"{model}: a request past --kv-size 256 was accepted")
+        except Exception as e:  # openai.BadRequestError
+            check(getattr(e, "status_code", None) == 400, f"{model}: past the cache: {e!r}")
+        srv.health()
+    finally:
+        srv.stop()
+    check(together == alone, f"{model}: texts with a shared 256-position cache differ:\n"
+          f"{together}\n{alone}")
+    print(f"prefix_cache_test: {model}: paged KV cache of 256 positions: 6 concurrent "
+          "requests waited for blocks, texts equal one at a time; past it, 400")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -121,6 +162,7 @@ def main():
     a = ap.parse_args()
     for path in [a.tiny] + ([a.recurrent] if a.recurrent else []):
         check_store(a, path)
+        check_paged(a, path)
     cases = [(a.tiny, PARAGRAPH * 8)] + ([(a.gemma, PARAGRAPH * 4)] if a.gemma else [])
     models = [c[0] for c in cases]
     results = {}

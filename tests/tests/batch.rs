@@ -4,7 +4,7 @@
 //! fallback), dense and MoE.
 use burn::tensor::{Device, Tensor};
 use burn_gguf::{GgufConfig, GgufLoader};
-use burn_gguf_models::{BatchState, Decoder, SequenceState};
+use burn_gguf_models::{BatchState, Decoder, KV_BLOCK, SequenceState};
 use burn_gguf_tests::{fixtures, max_abs_diff};
 use gguf::GgufFile;
 
@@ -212,46 +212,159 @@ fn forward_batch_rejects_bad_slots() {
     assert_eq!((state.len(0), state.len(1)), (0, 0));
 }
 
-/// Many slots: one layer's K cache, `[slots * n_head_kv, positions, head_dim]` f32, reaches the
-/// device's largest buffer at far fewer positions than the model's context. The state holds
-/// what fits (`Decoder::max_positions`), a longer pass is an error saying why, not a failed
-/// allocation, and the slots still run.
+/// The paged KV cache holds what the sequences hold: with 1,024 slots, one slot runs past the
+/// share an unpaged cache (`[slots * n_head_kv, positions, head_dim]` in the device's largest
+/// buffer) would give it, and the caches grow with the positions held, not slots times the
+/// longest (`Decoder::max_kv_positions`). Under a limit (`BatchState::with_limit`), a pass past
+/// the free blocks is an error that leaves the state as it was, and blocks given back by
+/// `truncate` serve another slot.
 #[test]
-fn kv_cache_of_many_slots_stays_within_the_largest_buffer() {
+fn paged_kv_cache_holds_what_the_sequences_hold() {
     let device = burn_gguf::default_device();
     let file = GgufFile::open(fixtures().join("gguf/tiny-qwen3-Q8_0.gguf")).unwrap();
     let model = Decoder::load(&GgufLoader::new(&file, &device, GgufConfig::default())).unwrap();
     let c = model.config();
     let max_buffer = burn_gguf::max_buffer_bytes(&device).expect("a CubeCL device");
-    // Bytes of one position of every slot in one layer's K cache.
-    let slots = 1024;
-    let per_position = (slots * c.n_head_kv * c.head_dim * 4) as u64;
-    let fits = (max_buffer / per_position) as usize;
-    assert!(fits < c.context_length, "{fits} positions fit");
-    assert_eq!(model.max_positions(slots), fits);
+    let per_position = (c.n_head_kv * c.head_dim * 4) as u64;
+    let max_kv = model.max_kv_positions();
     assert_eq!(
-        model.max_positions(1),
-        c.context_length
-            .min((max_buffer / (per_position / slots as u64)) as usize)
+        max_kv,
+        (max_buffer / per_position) as usize / KV_BLOCK * KV_BLOCK
     );
+    let ids = |n: usize, seed: u32| -> Vec<u32> {
+        (0..n as u32).map(|i| 10 + (i * 7 + seed) % 300).collect()
+    };
+    let logits_alone = |prompt: &[u32]| {
+        let mut alone = SequenceState::new();
+        rows(model.forward(prompt, &mut alone, false).unwrap()).remove(0)
+    };
 
+    // 1,024 slots: an unpaged cache would give each this many positions.
+    let slots = 1024;
+    let share = (max_buffer / (slots as u64 * per_position)) as usize;
+    let long = ids(share + 40, 1);
+    assert!(long.len() < c.context_length);
     let mut state = BatchState::new(slots);
-    let long: Vec<u32> = (0..fits as u32 + 1).map(|i| 10 + i % 300).collect();
+    let logits = model
+        .forward_batch(
+            &mut state,
+            &[(0, &long[..]), (slots - 1, &long[..3])],
+            false,
+        )
+        .unwrap();
+    assert_eq!((state.len(0), state.len(slots - 1)), (long.len(), 3));
+    // The blocks of the positions held, not of every slot.
+    let held = long.len().div_ceil(KV_BLOCK) + 1;
+    assert_eq!(state.capacity(), held * KV_BLOCK);
+    let got = rows(logits);
+    assert!(max_abs_diff(&got[0], &logits_alone(&long)) <= 1e-4);
+    assert!(max_abs_diff(&got[1], &logits_alone(&long[..3])) <= 1e-4);
+
+    // A limit of 4 blocks, all taken by slot 0.
+    let mut state = BatchState::new(4).with_limit(4 * KV_BLOCK);
+    let first = ids(4 * KV_BLOCK - 20, 2);
+    model
+        .forward_batch(&mut state, &[(0, &first[..])], false)
+        .unwrap();
+    assert_eq!(state.held(0), 4 * KV_BLOCK);
+    let too_long = ids(4 * KV_BLOCK + 1, 3);
     let e = model
-        .forward_batch(&mut state, &[(0, &long[..])], false)
+        .forward_batch(&mut state, &[(1, &too_long[..])], false)
         .unwrap_err()
         .to_string();
-    assert!(e.contains(&format!("{fits} positions")), "{e}");
-    // A pass that fits runs, in the first and the last slot, and matches a sequence alone.
-    let ids = &long[..fits];
-    let logits = model
-        .forward_batch(&mut state, &[(0, ids), (slots - 1, &ids[..3])], false)
+    assert!(e.contains(&format!("{} positions", 4 * KV_BLOCK)), "{e}");
+    let e = model
+        .forward_batch(&mut state, &[(1, &[5u32][..])], false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("0 of them are free"), "{e}");
+    // Nothing changed: slot 0 goes on as its prompt alone would.
+    assert_eq!((state.len(0), state.len(1)), (first.len(), 0));
+    let next = model
+        .forward_batch(&mut state, &[(0, &[7u32][..])], false)
         .unwrap();
-    assert_eq!(state.len(slots - 1), 3);
-    let mut alone = SequenceState::new();
-    let want = model.forward(&ids[..3], &mut alone, false).unwrap();
-    let got = logits.narrow(0, 1, 1);
-    assert!(max_abs_diff(&rows(got)[0], &rows(want)[0]) <= 1e-4);
+    let mut with_next = first.clone();
+    with_next.push(7);
+    assert!(max_abs_diff(&rows(next)[0], &logits_alone(&with_next)) <= 1e-4);
+    // Cut to one block, slot 0 gives three back, which slot 1 takes.
+    assert_eq!(state.truncate(0, KV_BLOCK - 4), KV_BLOCK - 4);
+    assert_eq!(state.held(0), KV_BLOCK);
+    let second = ids(3 * KV_BLOCK - 10, 4);
+    let out = model
+        .forward_batch(&mut state, &[(1, &second[..])], false)
+        .unwrap();
+    assert!(max_abs_diff(&rows(out)[0], &logits_alone(&second)) <= 1e-4);
+}
+
+/// Sequences whose blocks are scattered in the pool (slots that grew in turns, then another
+/// slot taking the blocks one of them gave back) decode what they decode alone: a prompt's
+/// attention through the matmul path gathers its blocks, the decode steps go through the
+/// kernel's block table, and a slot grows into a block past the others'.
+fn scattered_blocks(device: &Device, tol: f32) {
+    let file = GgufFile::open(fixtures().join("gguf/tiny-qwen3-Q8_0.gguf")).unwrap();
+    let model = Decoder::load(&GgufLoader::new(&file, device, GgufConfig::default())).unwrap();
+    let ids = |n: usize, seed: u32| -> Vec<u32> {
+        (0..n as u32).map(|i| 10 + (i * 11 + seed) % 300).collect()
+    };
+    let (a, b, c) = (
+        ids(3 * KV_BLOCK, 1),
+        ids(3 * KV_BLOCK, 2),
+        ids(2 * KV_BLOCK + 9, 3),
+    );
+    let mut state = BatchState::new(3);
+    // Slots 0 and 1 take a block each in turn: blocks 0, 2, 4 and 1, 3, 5.
+    let mut b_logits = Vec::new();
+    for k in 0..3 {
+        for (slot, seq) in [(0, &a), (1, &b)] {
+            let part = &seq[k * KV_BLOCK..(k + 1) * KV_BLOCK];
+            let out = rows(
+                model
+                    .forward_batch(&mut state, &[(slot, part)], false)
+                    .unwrap(),
+            );
+            if slot == 1 {
+                b_logits = out[0].clone();
+            }
+        }
+    }
+    assert_eq!(state.table(1), &[1, 3, 5]);
+    // Slot 0 leaves; slot 2 takes its blocks, which do not follow each other.
+    state.truncate(0, 0);
+    let out = model.forward_batch(&mut state, &[(2, &c[..])], false);
+    let c_logits = rows(out.unwrap()).remove(0);
+    assert_eq!(state.table(2), &[0, 2, 4]);
+    let want = [alone(&model, &b), alone(&model, &c)];
+    let mut last = [b_logits, c_logits];
+    let mut got = [Vec::new(), Vec::new()];
+    for step in 0..STEPS {
+        for k in 0..2 {
+            let d = max_abs_diff(&last[k], &want[k].1[step]);
+            assert!(
+                d <= tol,
+                "slot {}: step {step}: max |logit diff| {d}",
+                k + 1
+            );
+            got[k].push(argmax(&last[k]));
+        }
+        let next = [got[0][step], got[1][step]];
+        let out = model.forward_batch(&mut state, &[(1, &next[..1]), (2, &next[1..])], false);
+        let mut r = rows(out.unwrap());
+        last = [r.remove(0), r.remove(0)];
+    }
+    // Slot 1 went past its third block into one past slot 2's.
+    assert_eq!(state.table(1), &[1, 3, 5, 6]);
+    assert_eq!(got[0], want[0].0, "slot 1: greedy ids");
+    assert_eq!(got[1], want[1].0, "slot 2: greedy ids");
+}
+
+#[test]
+fn scattered_blocks_decode_as_alone_on_wgpu() {
+    scattered_blocks(&burn_gguf::default_device(), 1e-4);
+}
+
+#[test]
+fn scattered_blocks_decode_as_alone_on_the_cpu_backend() {
+    scattered_blocks(&Device::flex(), 1e-4);
 }
 
 /// A slot saved ([`BatchState::save_slot`]), overwritten by another prompt and loaded into

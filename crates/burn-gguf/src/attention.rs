@@ -3,16 +3,18 @@
 //! one kernel each on a CubeCL device, Burn ops elsewhere; and the RoPE angle table
 //! ([`RopeTable`]) both read.
 //!
-//! A layer's cache is a pair of f32 tensors `[slots * n_head_kv, capacity, head_dim]` (keys,
-//! values) holding `slots` sequences, preallocated and written in place: a decode step copies
-//! nothing but the new tokens' heads. [`CacheRows`] says which slot and position each token
-//! row of a pass has, so one launch serves one sequence's prompt or a batch of sequences.
+//! A layer's cache is a pair of f32 tensors `[n_head_kv, blocks * block, head_dim]` (keys,
+//! values): a pool of blocks of `block` positions that the sequences (slots) of a batch share,
+//! each holding the blocks a block table gives it (vLLM's PagedAttention; llama.cpp's unified
+//! KV cache), written in place: a decode step copies nothing but the new tokens' heads.
+//! [`CacheRows`] says which slot and position each token row of a pass has, and carries the
+//! block table, so one launch serves one sequence's prompt or a batch of sequences.
 use crate::nn::{RopeStyle, is_cube, rms_norm, rope};
 use crate::ops::GgmlOps;
 use burn::backend::Dispatch;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-pub use ggml_kernels::{AttentionShape, QkRopeShape};
+pub use ggml_kernels::{AttentionShape, KvPaging, QkRopeShape};
 
 /// Rotary angles of positions `0..positions`: `cos` and `sin` of
 /// `p * base^(-2i / dims) / freq_factors[i]`, `[positions, dims / 2]` f32 each, computed in
@@ -85,43 +87,93 @@ impl QkNorm<'_> {
     }
 }
 
-/// Where each token row of a forward pass sits in the KV caches: its cache slot (which
-/// sequence) and its position in that sequence. On the host for checks and the Burn-op
-/// fallback, and on the device (`[n * 2]` u32: slot, position per row) for the kernels.
+/// Where each token row of a forward pass sits in a layer's paged KV caches: its cache slot
+/// (which sequence) and its position in that sequence, and each slot's blocks (the block
+/// table: [`KvPaging`]). On the host for checks and the Burn-op fallback, and on the device
+/// (`[2n + slots * width]` u32: slot and position per row, then the table) for the kernels.
 ///
-/// One sequence's `n` new tokens after `past` cached ones are [`CacheRows::sequence`]; a
-/// batched decode step is one row per sequence, each in its own slot at its own position.
+/// A batched decode step is one row per sequence, each in its own slot at its own position; a
+/// prompt is a run of rows of one slot.
 #[derive(Clone, Debug)]
 pub struct CacheRows {
     rows: Vec<(usize, usize)>,
+    /// Per slot, its blocks in position order.
+    tables: Vec<Vec<u32>>,
+    paging: KvPaging,
     pub(crate) device: Tensor<1, Int>,
 }
 
 impl CacheRows {
-    /// Rows at `(slot, position)` each, in the order of the forward pass's token rows.
+    /// Rows at `(slot, position)` each, in the order of the forward pass's token rows, over
+    /// caches of `blocks` blocks of `block` positions, slot `c` holding blocks `tables[c]` (its
+    /// positions `i * block .. (i + 1) * block` in block `tables[c][i]`).
     ///
     /// # Panics
-    /// A slot or position past `u32::MAX` (no cache is that large).
-    pub fn new(rows: Vec<(usize, usize)>, device: &Device) -> Self {
+    /// A row whose slot has no table or whose position is past its slot's blocks, a table
+    /// entry not below `blocks`, a block of 0 positions, or a value past `u32::MAX`
+    /// (programming errors of the caller: the tables come from its allocator).
+    pub fn new(
+        rows: Vec<(usize, usize)>,
+        tables: &[Vec<u32>],
+        block: usize,
+        blocks: usize,
+        device: &Device,
+    ) -> Self {
+        let width = tables.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let paging = KvPaging {
+            slots: tables.len(),
+            width,
+            block,
+            blocks,
+        };
+        assert!(
+            block > 0
+                && tables.iter().flatten().all(|&b| (b as usize) < blocks)
+                && rows
+                    .iter()
+                    .all(|&(c, p)| tables.get(c).is_some_and(|t| p / block < t.len())),
+            "CacheRows: rows {rows:?} over block tables {tables:?} of {paging:?}"
+        );
+        let u32_of = |v: usize| u32::try_from(v).expect("cache slots and positions fit u32");
+        // Entries past a slot's blocks: never read for its rows (the kernels clamp them).
         let flat: Vec<u32> = rows
             .iter()
-            .flat_map(|&(c, p)| {
-                [c, p].map(|v| u32::try_from(v).expect("cache slots and positions fit u32"))
-            })
+            .flat_map(|&(c, p)| [u32_of(c), u32_of(p)])
+            .chain(tables.iter().flat_map(|t| {
+                let pad = width - t.len();
+                t.iter().copied().chain(std::iter::repeat_n(u32::MAX, pad))
+            }))
             .collect();
         let len = flat.len();
         let device = Tensor::from_data(TensorData::new(flat, [len]), (device, DType::U32));
-        Self { rows, device }
+        Self {
+            rows,
+            tables: tables.to_vec(),
+            paging,
+            device,
+        }
     }
 
-    /// `n` tokens of the sequence in `slot` at positions `past..past + n`.
-    pub fn sequence(slot: usize, past: usize, n: usize, device: &Device) -> Self {
-        Self::new((past..past + n).map(|p| (slot, p)).collect(), device)
+    /// Rows `t..t + n` of these, over the same block tables.
+    pub(crate) fn sub(&self, t: usize, n: usize) -> Self {
+        let rows = self.rows[t..t + n].to_vec();
+        Self::new(
+            rows,
+            &self.tables,
+            self.paging.block,
+            self.paging.blocks,
+            &self.device.device(),
+        )
     }
 
     /// The rows, `(slot, position)` each.
     pub fn rows(&self) -> &[(usize, usize)] {
         &self.rows
+    }
+
+    /// The caches' paging and the block table's shape, as the kernels take it.
+    pub fn paging(&self) -> KvPaging {
+        self.paging
     }
 
     /// Token rows.
@@ -160,21 +212,78 @@ impl CacheRows {
         }
         runs
     }
+
+    /// Slot `slot`'s blocks, in position order.
+    ///
+    /// # Panics
+    /// A slot without a table.
+    pub fn table(&self, slot: usize) -> &[u32] {
+        &self.tables[slot]
+    }
+}
+
+/// Where positions `from..from + n` of a slot whose blocks are `table` (in position order,
+/// `block` positions each) lie along a paged cache's second dimension (`[n_head_kv, blocks *
+/// block, head_dim]`): `(start, len)` pieces in position order, blocks that follow each other
+/// merged (one piece for a slot whose blocks do).
+///
+/// # Panics
+/// Positions past the table's blocks, or a block of 0 positions.
+pub fn block_pieces(table: &[u32], block: usize, from: usize, n: usize) -> Vec<(usize, usize)> {
+    assert!(block > 0, "block_pieces: blocks of 0 positions");
+    let mut pieces: Vec<(usize, usize)> = Vec::new();
+    let mut p = from;
+    while p < from + n {
+        let len = (block - p % block).min(from + n - p);
+        let start = table[p / block] as usize * block + p % block;
+        match pieces.last_mut() {
+            Some((s, l)) if *s + *l == start => *l += len,
+            _ => pieces.push((start, len)),
+        }
+        p += len;
+    }
+    pieces
+}
+
+/// Positions `from..from + n` of a slot whose blocks are `table` ([`block_pieces`]) in a
+/// layer's paged cache `[n_head_kv, blocks * block, head_dim]`, as `[n_head_kv, n, head_dim]`:
+/// a view when they lie in blocks that follow each other, else the pieces concatenated.
+///
+/// # Panics
+/// As [`block_pieces`], or `n` of 0.
+pub fn slot_positions(
+    cache: &Tensor<3>,
+    table: &[u32],
+    block: usize,
+    from: usize,
+    n: usize,
+) -> Tensor<3> {
+    assert!(n > 0, "slot_positions: no position");
+    let mut pieces: Vec<Tensor<3>> = block_pieces(table, block, from, n)
+        .into_iter()
+        .map(|(start, len)| cache.clone().narrow(1, start, len))
+        .collect();
+    if pieces.len() == 1 {
+        pieces.pop().expect("one piece")
+    } else {
+        Tensor::cat(pieces, 1)
+    }
 }
 
 /// Writes one step's heads into a layer's KV cache: from the projections `qk` `[n, qk_stride]`
 /// (query heads from column 0, key heads from `layout.k_off`) and `v` `[n, v_stride]` (value
 /// heads from `layout.v_off`; `qk` and `v` may be one stacked Q/K/V projection), optionally
 /// RMS-normalises Q and K per head (`norm`), rotates them by each token's position in `rows`
-/// (`table`, `style`), and stores K and V into `k_cache` / `v_cache` `[slots * n_head_kv,
-/// capacity, head_dim]` at each token's slot and position. Returns the queries
-/// `[n, n_head, head_dim]` and the caches. `layout.positions` and `layout.rope_dims` are set
-/// here (the table's rows, at most the capacity, and twice its columns: a table of fewer
-/// than `head_dim / 2` angles rotates only the first values of each head).
+/// (`table`, `style`), and stores K and V into `k_cache` / `v_cache` `[n_head_kv, blocks *
+/// block, head_dim]` at each token's slot and position, in the block `rows`' table gives.
+/// Returns the queries `[n, n_head, head_dim]` and the caches. `layout.paging`,
+/// `layout.positions` and `layout.rope_dims` are set here (the paging of `rows`; the table's
+/// rows, at most a slot's positions; twice its columns: a table of fewer than `head_dim / 2`
+/// angles rotates only the first values of each head).
 ///
 /// On a CubeCL device this is one kernel ([`GgmlOps::ggml_qk_rope_cache`]) that writes the
 /// caches in place (copying them first only if another tensor shares their buffers);
-/// elsewhere Burn ops (`slice_assign`, per run of rows in one slot).
+/// elsewhere Burn ops (`slice_assign`, per run of rows in one slot and block).
 ///
 /// # Panics
 /// If the shapes disagree with `layout` or a row's slot or position is out of range (a
@@ -196,26 +305,23 @@ pub fn qk_rope_cache(
         n_head,
         n_head_kv,
         head_dim: hd,
-        slots,
-        capacity,
         ..
     } = layout;
+    let paging = rows.paging();
     let layout = QkRopeShape {
-        positions: table.positions().min(capacity),
+        paging,
+        positions: table.positions().min(paging.width * paging.block),
         rope_dims: 2 * table.cos.dims()[1],
         ..layout
     };
-    let cache = [slots * n_head_kv, capacity, hd];
+    let cache = [n_head_kv, paging.blocks * paging.block, hd];
     assert!(
         qk.dims() == [n, layout.qk_stride]
             && v.dims() == [n, layout.v_stride]
             && k_cache.dims() == cache
             && v_cache.dims() == cache
             && rows.len() == n
-            && rows
-                .rows()
-                .iter()
-                .all(|&(c, p)| c < slots && p < layout.positions),
+            && rows.rows().iter().all(|&(_, p)| p < layout.positions),
         "qk_rope_cache: qk {:?}, v {:?}, caches {:?}/{:?}, {} table positions for {layout:?}, \
          rows {:?}",
         qk.dims(),
@@ -270,11 +376,15 @@ pub fn qk_rope_cache(
         let cos = table.cos.clone().narrow(0, past, len);
         let sin = table.sin.clone().narrow(0, past, len);
         qs.push(rope(q.clone().narrow(0, t, len), &cos, &sin, style));
-        let k = rope(k.clone().narrow(0, t, len), &cos, &sin, style);
-        let heads = slot * n_head_kv..(slot + 1) * n_head_kv;
-        let at = [heads, past..past + len, 0..hd];
-        k_cache = k_cache.slice_assign(at.clone(), k.swap_dims(0, 1));
-        v_cache = v_cache.slice_assign(at, v.clone().narrow(0, t, len).swap_dims(0, 1));
+        let k = rope(k.clone().narrow(0, t, len), &cos, &sin, style).swap_dims(0, 1);
+        let v = v.clone().narrow(0, t, len).swap_dims(0, 1);
+        let mut o = 0;
+        for (start, n) in block_pieces(rows.table(slot), paging.block, past, len) {
+            let at = [0..n_head_kv, start..start + n, 0..hd];
+            k_cache = k_cache.slice_assign(at.clone(), k.clone().narrow(1, o, n));
+            v_cache = v_cache.slice_assign(at, v.clone().narrow(1, o, n));
+            o += n;
+        }
     }
     (Tensor::cat(qs, 0), k_cache, v_cache)
 }
@@ -289,14 +399,14 @@ pub const ATTENTION_KERNEL_ROWS: usize = crate::tensor::GEMV_BATCH_ROWS;
 /// prompt runs in chunks of query rows.
 const MATMUL_PATH_SCORES: usize = 16 << 20;
 
-/// Causal grouped-query attention of `q` `[n, n_head, head_dim]` over a layer's caches
-/// `[slots * n_head_kv, capacity, head_dim]`: query row `t` at slot `c` and position `p`
+/// Causal grouped-query attention of `q` `[n, n_head, head_dim]` over a layer's paged caches
+/// `[n_head_kv, blocks * block, head_dim]`: query row `t` at slot `c` and position `p`
 /// (`rows`) sees the keys of its slot at positions up to `p` (within `layout.window` when
 /// set); softmax of `scale * q k^T` over them (each score `x` soft-capped as
 /// `cap * tanh(x / cap)` with `softcap` `Some(cap)`: Gemma 2's `attn_logit_softcapping`),
 /// times the values; query head `h` reads KV head
-/// `h / (n_head / n_head_kv)`. Returns `[n, n_head * head_dim]` f32. `layout.keys` is set
-/// here from `rows`.
+/// `h / (n_head / n_head_kv)`. Returns `[n, n_head * head_dim]` f32. `layout.keys` and
+/// `layout.paging` are set here from `rows`.
 ///
 /// Two paths, chosen per run of rows in one slot ([`CacheRows`]):
 /// - runs of up to [`ATTENTION_KERNEL_ROWS`] rows, on a CubeCL device whose compiler takes
@@ -307,8 +417,10 @@ const MATMUL_PATH_SCORES: usize = 16 << 20;
 /// - a longer run (a prompt), and every run elsewhere: the matmul path, Burn ops per chunk of
 ///   query rows (`q k^T` of a KV head's query heads as one matmul, the additive causal and
 ///   window mask, softmax, times `v`), so a prompt's keys and values are read once per chunk
-///   instead of once per query row. On lavapipe a 561-token Gemma 3 270M prompt spent 36.2 s
-///   of its 61.7 s prefill in the kernel's 18 launches (2026-12-07, `CUBECL_DEBUG_OPTION=profile`).
+///   instead of once per query row (the slot's positions as [`slot_positions`] gathers them:
+///   a view where its blocks follow each other, else a copy). On lavapipe a 561-token Gemma 3
+///   270M prompt spent 36.2 s of its 61.7 s prefill in the kernel's 18 launches (2026-12-07,
+///   `CUBECL_DEBUG_OPTION=profile`).
 ///
 /// # Panics
 /// If the shapes disagree with `layout`, a row's slot or position is out of range or the
@@ -328,22 +440,21 @@ pub fn attention(
         n_head,
         n_head_kv,
         head_dim: hd,
-        slots,
-        capacity,
         window,
         ..
     } = layout;
+    let paging = rows.paging();
     let layout = AttentionShape {
         keys: rows.keys(window),
+        paging,
         ..layout
     };
-    let cache = [slots * n_head_kv, capacity, hd];
+    let cache = [n_head_kv, paging.blocks * paging.block, hd];
     assert!(
         q.dims() == [n, n_head, hd]
             && k_cache.dims() == cache
             && v_cache.dims() == cache
             && rows.len() == n
-            && rows.rows().iter().all(|&(c, p)| c < slots && p < capacity)
             && n_head_kv > 0
             && n_head.is_multiple_of(n_head_kv)
             && softcap.is_none_or(|c| c.is_finite() && c > 0.0),
@@ -378,7 +489,7 @@ pub fn attention(
     for (t, slot, past, len) in runs {
         let q_run = q.clone().narrow(0, t, len);
         if short(len) {
-            let sub = CacheRows::sequence(slot, past, len, &device);
+            let sub = rows.sub(t, len);
             let layout = AttentionShape {
                 n: len,
                 keys: sub.keys(window),
@@ -389,6 +500,7 @@ pub fn attention(
             let cache = SlotCache {
                 k: k_cache,
                 v: v_cache,
+                rows,
                 slot,
                 n_head_kv,
             };
@@ -402,6 +514,7 @@ pub fn attention(
 struct SlotCache<'a> {
     k: &'a Tensor<3>,
     v: &'a Tensor<3>,
+    rows: &'a CacheRows,
     slot: usize,
     n_head_kv: usize,
 }
@@ -429,11 +542,8 @@ fn attention_matmul(
         let first = past + c0;
         let k0 = window.map_or(0, |w| (first + 1).saturating_sub(w));
         let keys = first + c - k0;
-        let heads = |t: &Tensor<3>| {
-            t.clone()
-                .narrow(0, cache.slot * n_head_kv, n_head_kv)
-                .narrow(1, k0, keys)
-        };
+        let (table, block) = (cache.rows.table(cache.slot), cache.rows.paging().block);
+        let heads = |t: &Tensor<3>| slot_positions(t, table, block, k0, keys);
         let (k, v) = (heads(cache.k), heads(cache.v));
         // Query heads g*rep..(g+1)*rep share KV head g.
         let qg = q

@@ -42,7 +42,8 @@ pub mod tensor;
 pub mod write;
 
 pub use attention::{
-    AttentionShape, CacheRows, QkNorm, QkRopeShape, RopeTable, attention, qk_rope_cache,
+    AttentionShape, CacheRows, KvPaging, QkNorm, QkRopeShape, RopeTable, attention, block_pieces,
+    qk_rope_cache, slot_positions,
 };
 pub use delta_net::{DeltaNetShape, causal_conv_silu, gated_delta_net};
 pub use device::{Adapter, adapters, select_device};

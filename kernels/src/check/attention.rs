@@ -3,7 +3,9 @@
 //! random heads over a cache partly filled by "earlier tokens", and compares the queries, the
 //! written and the untouched cache positions, and the attention output. A case is either one
 //! sequence's rows (a prompt or a decode step) or a batch: one decode row in each of several
-//! sequences' cache slots, at different positions.
+//! sequences' cache slots, at different positions; its cache is one block per slot or paged
+//! in small blocks that the block table scatters (interleaved between slots, in descending
+//! order, with spare blocks no slot holds).
 use super::{rand_f32, read_f32_async};
 use crate::{AttentionShape, KernelError, QkRopeShape, launch_qk_rope_cache};
 use cubecl::client::Client;
@@ -44,13 +46,15 @@ pub struct AttentionCase {
     pub neox: bool,
     /// Scores soft-capped as `cap * tanh(score / cap)` (Gemma 2), if any.
     pub softcap: Option<u32>,
+    /// Positions per block of a paged cache ([`crate::KvPaging`]); `None`: one block per slot.
+    pub block: Option<usize>,
 }
 
 impl AttentionCase {
     /// A short label for tables.
     pub fn label(&self) -> String {
         format!(
-            "{}{}n={} past={} heads={}/{} d={} rot={} window={} {}{}{}",
+            "{}{}n={} past={} heads={}/{} d={} rot={} window={} {}{}{}{}",
             if self.batch { "batch " } else { "" },
             if self.key_per_unit {
                 "key-per-unit "
@@ -67,7 +71,8 @@ impl AttentionCase {
             if self.neox { "neox" } else { "norm" },
             if self.norm { "+qk-norm" } else { "" },
             self.softcap
-                .map_or(String::new(), |c| format!(" softcap={c}"))
+                .map_or(String::new(), |c| format!(" softcap={c}")),
+            self.block.map_or(String::new(), |b| format!(" paged={b}"))
         )
     }
 }
@@ -77,8 +82,9 @@ impl AttentionCase {
 /// not a multiple of it and several splits long ([`crate::attention::ATTENTION_SPLIT`]),
 /// windows shorter and longer than the context, both RoPE pairings, with and without Q/K norm,
 /// RoPE over whole heads and over their first values only (Qwen3.5: 16 of 64), soft-capped
-/// scores (Gemma 2; caps small enough to bend these scores); and batches of 1 to 8 sequences at
-/// different positions.
+/// scores (Gemma 2; caps small enough to bend these scores); batches of 1 to 8 sequences at
+/// different positions; and paged caches, blocks of 16 and 64 positions (a split's keys over
+/// several blocks, a block over several splits).
 pub fn attention_cases() -> Vec<AttentionCase> {
     let case = |n, past, n_head, n_head_kv, head_dim, window, norm, neox| AttentionCase {
         n,
@@ -93,6 +99,7 @@ pub fn attention_cases() -> Vec<AttentionCase> {
         norm,
         neox,
         softcap: None,
+        block: None,
     };
     vec![
         case(1, 0, 2, 2, 8, None, false, true),
@@ -156,6 +163,31 @@ pub fn attention_cases() -> Vec<AttentionCase> {
             batch: true,
             ..case(5, 40, 4, 2, 16, Some(16), false, false)
         },
+        AttentionCase {
+            block: Some(16),
+            ..case(8, 292, 8, 1, 64, None, true, true)
+        },
+        AttentionCase {
+            block: Some(16),
+            ..case(37, 3, 4, 2, 16, Some(20), true, true)
+        },
+        AttentionCase {
+            block: Some(64),
+            batch: true,
+            ..case(8, 300, 8, 1, 64, None, true, true)
+        },
+        AttentionCase {
+            block: Some(16),
+            batch: true,
+            softcap: Some(3),
+            ..case(4, 40, 4, 2, 16, Some(16), false, true)
+        },
+        AttentionCase {
+            block: Some(64),
+            key_per_unit: true,
+            batch: true,
+            ..case(3, 700, 2, 1, 32, Some(512), true, true)
+        },
     ]
 }
 
@@ -170,6 +202,32 @@ impl AttentionCase {
             (n + 1, rows)
         } else {
             (1, (0..self.n).map(|t| (0, self.past + t)).collect())
+        }
+    }
+
+    /// The paging of `slots` slots of `capacity` positions each, and its block table: one
+    /// block per slot, or blocks of `block` positions, slot `c`'s block `i` being block
+    /// `blocks - 1 - (i * slots + c)` (interleaved and descending), blocks 0 and 1 spare.
+    pub fn paging(&self, slots: usize, capacity: usize) -> (crate::KvPaging, Vec<u32>) {
+        match self.block {
+            None => (
+                crate::KvPaging::contiguous(slots, capacity),
+                crate::KvPaging::contiguous_table(slots),
+            ),
+            Some(block) => {
+                let width = capacity.div_ceil(block);
+                let blocks = slots * width + 2;
+                let table = (0..slots)
+                    .flat_map(|c| (0..width).map(move |i| (blocks - 1 - (i * slots + c)) as u32))
+                    .collect();
+                let paging = crate::KvPaging {
+                    slots,
+                    width,
+                    block,
+                    blocks,
+                };
+                (paging, table)
+            }
         }
     }
 }
@@ -211,6 +269,7 @@ pub async fn attention_error_async(
         norm,
         neox,
         softcap,
+        block: _,
     } = case;
     let half = rope_dims / 2;
     let (slots, rows) = case.rows();
@@ -222,8 +281,15 @@ pub async fn attention_error_async(
         .map(|&(_, p)| p + 1 - first_key(p))
         .max()
         .unwrap_or(1);
-    // Cache row of KV head `g` of slot `c`.
-    let head = |c: usize, g: usize| c * nkv + g;
+    let (paging, block_table) = case.paging(slots, capacity);
+    // Cache row of position `p` of KV head `g` of slot `c`.
+    let at = |c: usize, g: usize, p: usize| {
+        let b = block_table[c * paging.width + p / paging.block] as usize;
+        (g * paging.blocks + b) * paging.block + p % paging.block
+    };
+    let cache_len = paging
+        .cache_values(nkv, hd)
+        .ok_or_else(|| crate::shape_err("attention check", format!("{paging:?}")))?;
     // One stacked projection: [q heads | k heads | v heads] per token.
     let stride = (nh + 2 * nkv) * hd;
     let qkv: Vec<f32> = rand_f32(n * stride, seed).iter().map(|v| v * 3.0).collect();
@@ -238,11 +304,13 @@ pub async fn attention_error_async(
             sin.push(a.sin() as f32);
         }
     }
-    let k_init = rand_f32(slots * nkv * capacity * hd, seed + 3);
-    let v_init = rand_f32(slots * nkv * capacity * hd, seed + 4);
+    let k_init = rand_f32(cache_len, seed + 3);
+    let v_init = rand_f32(cache_len, seed + 4);
+    // The rows, then the block table.
     let rows_u32: Vec<u32> = rows
         .iter()
         .flat_map(|&(c, p)| [c as u32, p as u32])
+        .chain(block_table.iter().copied())
         .collect();
 
     let up = |v: &[f32]| client.create_from_slice(f32::as_bytes(v));
@@ -277,8 +345,7 @@ pub async fn attention_error_async(
             k_off: nh * hd,
             v_stride: stride,
             v_off: (nh + nkv) * hd,
-            slots,
-            capacity,
+            paging,
             positions,
         },
         norm.then_some(1e-6),
@@ -290,8 +357,7 @@ pub async fn attention_error_async(
         n_head: nh,
         n_head_kv: nkv,
         head_dim: hd,
-        slots,
-        capacity,
+        paging,
         window,
         keys,
     };
@@ -367,26 +433,25 @@ pub async fn attention_error_async(
             let k = rotate(&row[(nh + g) * hd..(nh + g + 1) * hd], &k_norm, pos);
             let v = &row[(nh + nkv + g) * hd..(nh + nkv + g + 1) * hd];
             for d in 0..hd {
-                let at = (head(c, g) * capacity + pos) * hd + d;
+                let at = at(c, g, pos) * hd + d;
                 note(k_cache[at], k[d], k[d].abs().max(1.0));
                 note(v_cache[at], v[d] as f64, 1.0);
             }
         }
     }
-    // Positions no row wrote keep what they held, bit for bit (every slot).
-    let mut changed = false;
-    for (c, g) in (0..slots).flat_map(|c| (0..nkv).map(move |g| (c, g))) {
-        for p in (0..capacity).filter(|&p| !rows.contains(&(c, p))) {
-            for d in 0..hd {
-                let at = (head(c, g) * capacity + p) * hd + d;
-                if k_cache[at].to_bits() != k_init[at].to_bits()
-                    || v_cache[at].to_bits() != v_init[at].to_bits()
-                {
-                    changed = true;
-                }
-            }
+    // Cache rows no token wrote keep what they held, bit for bit (every slot's other
+    // positions, and the blocks no slot holds).
+    let mut written = vec![false; cache_len / hd];
+    for &(c, p) in &rows {
+        for g in 0..nkv {
+            written[at(c, g, p)] = true;
         }
     }
+    let changed = (0..cache_len).any(|i| {
+        !written[i / hd]
+            && (k_cache[i].to_bits() != k_init[i].to_bits()
+                || v_cache[i].to_bits() != v_init[i].to_bits())
+    });
     // Attention over the cache as the kernel left it.
     let v_max = v_cache
         .iter()
@@ -396,11 +461,11 @@ pub async fn attention_error_async(
     for (t, &(c, p)) in rows.iter().enumerate() {
         let first = first_key(p);
         for h in 0..nh {
-            let g = head(c, h / rep);
+            let g = h / rep;
             let q = &q_out[(t * nh + h) * hd..(t * nh + h + 1) * hd];
             let scores: Vec<f64> = (first..=p)
                 .map(|j| {
-                    let k = &k_cache[(g * capacity + j) * hd..(g * capacity + j + 1) * hd];
+                    let k = &k_cache[at(c, g, j) * hd..(at(c, g, j) + 1) * hd];
                     let dot: f64 = q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum();
                     let s = dot * scale as f64;
                     match softcap {
@@ -415,7 +480,7 @@ pub async fn attention_error_async(
             for d in 0..hd {
                 let want: f64 = (first..=p)
                     .zip(&e)
-                    .map(|(j, w)| w * v_cache[(g * capacity + j) * hd + d] as f64)
+                    .map(|(j, w)| w * v_cache[at(c, g, j) * hd + d] as f64)
                     .sum::<f64>()
                     / l;
                 note(out[(t * nh + h) * hd + d], want, v_max);

@@ -38,7 +38,7 @@ use crate::Error;
 use crate::config::DecoderConfig;
 use crate::delta_net::DeltaNetLayer;
 use crate::lora::{DecoderLora, LoraTarget};
-use crate::state::{BatchState, LayerKind, LayerState, SequenceState};
+use crate::state::{BatchState, KV_BLOCK, LayerKind, LayerState, SequenceState};
 use burn::tensor::activation::sigmoid;
 use burn::tensor::{Device, Tensor};
 use burn_gguf::{
@@ -47,6 +47,9 @@ use burn_gguf::{
 };
 use projections::{GateUp, LayerLora, Qkv};
 use std::sync::Mutex;
+
+/// Positions the RoPE tables cover at least, so they are rebuilt rarely.
+const ROPE_TABLE_MIN: usize = 256;
 
 pub use burn_gguf::{Activation, RopeStyle, rms_norm};
 
@@ -158,15 +161,16 @@ impl Decoder {
         self.lora.as_ref()
     }
 
-    /// The most positions each sequence of a [`BatchState`] of `slots` sequences can hold on
-    /// this device: the model's `context_length`, or fewer where one attention layer's K (or V)
-    /// cache, `[slots * n_head_kv, positions, head_dim]` f32, would pass the device's largest
-    /// buffer ([`burn_gguf::max_buffer_bytes`]: 128 MiB on lavapipe). [`Decoder::forward_batch`]
-    /// refuses a pass past it; `serve` caps each request's context to it.
-    pub fn max_positions(&self, slots: usize) -> usize {
-        let ctx = self.config.context_length;
+    /// The most positions a [`BatchState`]'s KV caches can hold on this device, all its
+    /// sequences together: one attention layer's K (or V) cache, `[n_head_kv, positions,
+    /// head_dim]` f32, within the device's largest buffer ([`burn_gguf::max_buffer_bytes`]:
+    /// 128 MiB on lavapipe), in whole blocks of [`KV_BLOCK`] positions
+    /// (`usize::MAX` where nothing limits it). A sequence holds at most this and the model's
+    /// `context_length`; [`Decoder::forward_batch`] refuses a pass past either, and `serve`
+    /// caps each request's context to them.
+    pub fn max_kv_positions(&self) -> usize {
         let Some(max_buffer) = burn_gguf::max_buffer_bytes(&self.device) else {
-            return ctx;
+            return usize::MAX;
         };
         let per_position = self
             .layer_kinds()
@@ -176,9 +180,7 @@ impl Decoder {
                     n_head_kv,
                     head_dim,
                 } => Some(
-                    slots
-                        .max(1)
-                        .saturating_mul(n_head_kv)
+                    n_head_kv
                         .saturating_mul(head_dim)
                         .saturating_mul(size_of::<f32>()),
                 ),
@@ -187,9 +189,10 @@ impl Decoder {
             .max();
         match per_position {
             Some(bytes) if bytes > 0 => {
-                ctx.min(usize::try_from(max_buffer / bytes as u64).unwrap_or(usize::MAX))
+                let fits = usize::try_from(max_buffer / bytes as u64).unwrap_or(usize::MAX);
+                fits / KV_BLOCK * KV_BLOCK
             }
-            _ => ctx,
+            _ => usize::MAX,
         }
     }
 
@@ -225,7 +228,7 @@ impl Decoder {
         let have = tables.as_ref().map_or(0, |t| t[0].positions());
         let n = positions
             .max(2 * have)
-            .max(crate::state::CAPACITY_STEP)
+            .max(ROPE_TABLE_MIN)
             .min(c.context_length)
             .max(positions);
         let (hd, dev) = (c.rope_dims, &self.device);
@@ -246,12 +249,12 @@ impl Decoder {
     ///
     /// Per layer on a CubeCL device: the residual add and norm as one kernel, Q/K/V as one to
     /// three GEMVs (stacked weights), Q/K norm + RoPE + the KV-cache write as one kernel,
-    /// attention as one kernel over the preallocated cache, the output projection, the
+    /// attention as one kernel over the paged cache, the output projection, the
     /// residual step, gate/up as one GEMV, the activation, and down.
     ///
     /// # Errors
     /// Empty `ids`, a token id not below the vocabulary size, or a context past
-    /// `context_length` or [`Decoder::max_positions`]. A failure part way through a pass leaves
+    /// `context_length` or [`Decoder::max_kv_positions`]. A failure part way through a pass leaves
     /// `state` empty.
     pub fn forward(
         &self,
@@ -274,7 +277,7 @@ impl Decoder {
     ///
     /// # Errors
     /// No sequence, empty `ids`, a slot out of range or named twice, a token id not below the
-    /// vocabulary size, or a context past `context_length` or [`Decoder::max_positions`]. A
+    /// vocabulary size, or a context past `context_length` or [`Decoder::max_kv_positions`]. A
     /// failure part way through a pass leaves every slot of `state` empty.
     pub fn forward_batch(
         &self,
@@ -414,8 +417,9 @@ impl Decoder {
         if seqs.is_empty() || seqs.iter().any(|(_, ids)| ids.is_empty()) {
             return Err(Error::Model("forward needs at least one token".into()));
         }
-        let limit = self.max_positions(state.slots());
+        let limit = self.max_kv_positions().min(state.limit());
         let mut rows = Vec::new();
+        let mut ends = Vec::with_capacity(seqs.len());
         let mut lens = state.lens().to_vec();
         let mut seen = vec![false; lens.len()];
         let mut last_rows = Vec::with_capacity(seqs.len());
@@ -446,12 +450,13 @@ impl Decoder {
             }
             if total > limit {
                 return Err(Error::Model(format!(
-                    "context of {total} tokens exceeds the {limit} positions a KV cache of {} \
-                     sequences holds in this device's largest buffer",
-                    state.slots()
+                    "context of {total} tokens exceeds the {limit} positions the KV cache \
+                     holds, all sequences together (the device's largest buffer, or the \
+                     state's limit)"
                 )));
             }
             rows.extend((past..total).map(|p| (slot, p)));
+            ends.push((slot, total));
             ids.extend_from_slice(seq_ids);
             last_rows.push(rows.len() - 1);
             *len = total;
@@ -459,10 +464,11 @@ impl Decoder {
         let n = ids.len();
         let end = rows.iter().map(|r| r.1 + 1).max().unwrap_or(0);
         let dev = &self.device;
-        state.reserve(end, limit, &self.layer_kinds(), dev);
-        let (slots, capacity) = (state.slots(), state.capacity());
+        state
+            .reserve(&ends, limit, &self.layer_kinds(), dev)
+            .map_err(Error::Model)?;
         let tables = self.rope_tables(end);
-        let rows = CacheRows::new(rows, dev);
+        let rows = CacheRows::new(rows, state.tables(), KV_BLOCK, state.blocks(), dev);
         let (hd, eps) = (c.head_dim, c.rms_eps);
         let scale = c.attention_scale;
 
@@ -494,12 +500,7 @@ impl Decoder {
                 ) => {
                     let local = c.is_local(il);
                     let (qk, v, layout, gate) = qkv.forward(h, bias.as_ref(), c, lora, l.fused_qkv);
-                    let layout = QkRopeShape {
-                        n,
-                        slots,
-                        capacity,
-                        ..layout
-                    };
+                    let layout = QkRopeShape { n, ..layout };
                     let norm = qk_norm.as_ref().map(|weights| QkNorm { weights, eps });
                     let table = &tables[usize::from(local)];
                     let (q, k_cache, v_cache) = qk_rope_cache(
@@ -523,8 +524,7 @@ impl Decoder {
                         n_head: c.n_head,
                         n_head_kv: c.n_head_kv,
                         head_dim: hd,
-                        slots,
-                        capacity,
+                        paging: rows.paging(),
                         window,
                         keys: 0,
                     };

@@ -110,8 +110,7 @@ impl Qkv {
             k_off: qw,
             v_stride,
             v_off,
-            slots: 0,
-            capacity: 0,
+            paging: Default::default(),
             positions: 0,
         };
         // Adds `bias[at..at + width]` to `y` `[n, width]`.

@@ -4,7 +4,8 @@
 //! - **Attention kernel** at Gemma 3 270M's shape (4 query heads sharing 1 KV head of 256
 //!   values), one query row over 64, 590 and 2,048 cached keys: milliseconds per launch with a
 //!   key per unit (`lanes` 1) and with a plane of the device's width per key, alternating
-//!   rounds (the library's choice is marked).
+//!   rounds (the library's choice is marked); and with the library's choice, the keys in one
+//!   block against blocks of 64 scattered through a paged cache (what the block table costs).
 //! - **Decode tokens/s** after a 5-token prompt and after a 590-token prompt, greedy, in one
 //!   process after a warm-up generation of each (kernels compiled, matmuls autotuned): the
 //!   figure is their ratio. The prompt's prefill tokens/s is printed beside it.
@@ -14,7 +15,7 @@ use burn_gguf_models::{Sampler, SamplerConfig, Session, generate_ids};
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use ggml_kernels::attention::{attention_lanes, launch_attention_lanes, plane_lanes};
-use ggml_kernels::{AttentionShape, check::rand_f32};
+use ggml_kernels::{AttentionShape, KvPaging, check::rand_f32};
 use serde_json::{Value, json};
 
 use super::timing::{Budget, measure_alternating, sync_client};
@@ -22,27 +23,50 @@ use super::timing::{Budget, measure_alternating, sync_client};
 /// Gemma 3 270M's attention: query heads, KV heads, values per head.
 const GEMMA_HEADS: (usize, usize, usize) = (4, 1, 256);
 
+/// Positions per block of the paged caches the benchmark reads (`burn_gguf_models::KV_BLOCK`).
+const PAGE: usize = burn_gguf_models::KV_BLOCK;
+
 /// The attention kernel at Gemma's shape over `keys` cached keys, `lanes` per key: one call.
+/// The cache is one block, or with `paged` blocks of [`PAGE`] positions in reverse order (no
+/// two of the slot's blocks adjacent in the pool's order of reading).
 fn attention_call(
     client: &Client,
     keys: usize,
     lanes: u32,
+    paged: bool,
 ) -> Result<impl FnMut() -> Result<(), String> + use<>, String> {
     let (n_head, n_head_kv, hd) = GEMMA_HEADS;
     let capacity = keys.next_multiple_of(256);
+    let (paging, table) = if paged {
+        let width = capacity / PAGE;
+        let table: Vec<u32> = (0..width as u32).rev().collect();
+        (
+            KvPaging {
+                slots: 1,
+                width,
+                block: PAGE,
+                blocks: width,
+            },
+            table,
+        )
+    } else {
+        (KvPaging::contiguous(1, capacity), vec![0])
+    };
     let cache_len = n_head_kv * capacity * hd;
     let q = client.create_from_slice(f32::as_bytes(&rand_f32(n_head * hd, 1)));
     let k = client.create_from_slice(f32::as_bytes(&rand_f32(cache_len, 2)));
     let v = client.create_from_slice(f32::as_bytes(&rand_f32(cache_len, 3)));
-    let rows = client.create_from_slice(u32::as_bytes(&[0, keys as u32 - 1]));
+    // The query's slot and position, then the block table.
+    let rows_u32: Vec<u32> = [0, keys as u32 - 1].into_iter().chain(table).collect();
+    let rows_len = rows_u32.len();
+    let rows = client.create_from_slice(u32::as_bytes(&rows_u32));
     let out = client.empty(n_head * hd * 4);
     let shape = AttentionShape {
         n: 1,
         n_head,
         n_head_kv,
         head_dim: hd,
-        slots: 1,
-        capacity,
+        paging,
         window: None,
         keys,
     };
@@ -54,7 +78,7 @@ fn attention_call(
                 BufferArg::from_raw_parts(q.clone(), n_head * hd),
                 BufferArg::from_raw_parts(k.clone(), cache_len),
                 BufferArg::from_raw_parts(v.clone(), cache_len),
-                BufferArg::from_raw_parts(rows.clone(), 2),
+                BufferArg::from_raw_parts(rows.clone(), rows_len),
                 BufferArg::from_raw_parts(out.clone(), n_head * hd),
             ]
         };
@@ -66,7 +90,8 @@ fn attention_call(
 }
 
 /// The attention kernel's milliseconds per launch at each depth, a key per unit against a
-/// plane per key.
+/// plane per key, and with the library's lanes, one block against scattered blocks of
+/// [`PAGE`] positions (what the block table costs).
 fn attention_kernel(client: &Client, budget: Budget) -> Result<Value, String> {
     // Without plane ops both columns are a key per unit.
     let plane = plane_lanes(client);
@@ -76,29 +101,40 @@ fn attention_kernel(client: &Client, budget: Budget) -> Result<Value, String> {
          ms per launch (* the library's choice):"
     );
     println!(
-        "  {:>6} {:>12} {:>12}",
+        "  {:>6} {:>12} {:>12} {:>12} {:>12}",
         "keys",
         "lanes 1",
-        format!("lanes {plane}")
+        format!("lanes {plane}"),
+        "one block",
+        format!("paged {PAGE}")
     );
     let mut rows = Vec::new();
     for keys in [64usize, 590, 2048] {
         let sync = || sync_client(client);
         let (a, b) = measure_alternating(
             budget,
-            (attention_call(client, keys, 1)?, sync),
-            (attention_call(client, keys, plane)?, sync),
+            (attention_call(client, keys, 1, false)?, sync),
+            (attention_call(client, keys, plane, false)?, sync),
+        )?;
+        let (one, paged) = measure_alternating(
+            budget,
+            (attention_call(client, keys, chosen, false)?, sync),
+            (attention_call(client, keys, chosen, true)?, sync),
         )?;
         let mark = |lanes: u32| if lanes == chosen { "*" } else { " " };
         println!(
-            "  {keys:>6} {:>11.3}{} {:>11.3}{}",
+            "  {keys:>6} {:>11.3}{} {:>11.3}{} {:>12.3} {:>12.3}",
             a.seconds * 1e3,
             mark(1),
             b.seconds * 1e3,
-            mark(plane)
+            mark(plane),
+            one.seconds * 1e3,
+            paged.seconds * 1e3
         );
         rows.push(json!({"keys": keys, "lanes_1_ms": a.seconds * 1e3,
-                         "lanes_plane_ms": b.seconds * 1e3, "plane": plane}));
+                         "lanes_plane_ms": b.seconds * 1e3, "plane": plane,
+                         "one_block_ms": one.seconds * 1e3, "paged_ms": paged.seconds * 1e3,
+                         "page": PAGE}));
     }
     println!();
     Ok(json!({"chosen_lanes": chosen, "rows": rows}))

@@ -148,8 +148,9 @@ pub trait GgmlOps: burn::backend::Backend {
     /// `qk` `[n, qk_stride]` and `v` `[n, v_stride]` f32 (the projections, as `layout` places the
     /// heads), `norms` `[2 * head_dim]` (the query norm's weights, then the key norm's; read
     /// when `norm_eps` is set), `table` `[2 * positions * rope_dims / 2]` (cosines, then
-    /// sines: [`crate::RopeTable`]), `rows` `[n * 2]` u32 (each token's cache slot and
-    /// position), caches `[slots * n_head_kv, capacity, head_dim]`. Returns the rotated queries
+    /// sines: [`crate::RopeTable`]), `rows` `[2n + slots * width]` u32 (each token's cache slot
+    /// and position, then the block table: [`crate::KvPaging`]), paged caches `[n_head_kv,
+    /// blocks * block, head_dim]`. Returns the rotated queries
     /// `[n, n_head, head_dim]` and the caches with each token's slot and position written (in
     /// place when no other tensor shares their buffers).
     #[fusion(meta = |qk: &burn::backend::fusion::custom::TensorSpec, _v, _norms, _table, _rows,
@@ -178,8 +179,9 @@ pub trait GgmlOps: burn::backend::Backend {
     /// Causal grouped-query attention over the KV cache, one kernel (two past
     /// [`ggml_kernels::attention::ATTENTION_SPLIT`] visible keys;
     /// [`ggml_kernels::launch_attention`]): `q` `[n, n_head, head_dim]`, caches
-    /// `[slots * n_head_kv, capacity, head_dim]` f32, `rows` `[n * 2]` u32 (each query row's
-    /// cache slot and position) -> `[n, n_head * head_dim]`. Scores are `scale * q k^T`,
+    /// `[n_head_kv, blocks * block, head_dim]` f32, `rows` `[2n + slots * width]` u32 (each
+    /// query row's cache slot and position, then the block table: [`crate::KvPaging`]) ->
+    /// `[n, n_head * head_dim]`. Scores are `scale * q k^T`,
     /// soft-capped as `softcap * tanh(score / softcap)` when `softcap > 0` (Gemma 2).
     #[fusion(dtype = q, shape = burn::tensor::Shape::new([layout.n, layout.n_head * layout.head_dim]))]
     fn ggml_attention(

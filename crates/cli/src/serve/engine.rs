@@ -1,13 +1,19 @@
 //! The generation engine of one served model: a worker thread that owns the model on the
 //! device and runs its sequences with continuous batching.
 //!
-//! Every running sequence has a slot in one [`BatchState`] (its KV cache rows). Each round of
-//! the worker takes the jobs that arrived, prefills one chunk of at most [`PREFILL_CHUNK`]
-//! prompt tokens of one new sequence (so a long prompt does not stall the others for long),
-//! then decodes one token of every sequence past its prompt in one forward pass
-//! ([`burn_gguf_models::Decoder::forward_batch`]; passes of [`DECODE_ROWS`] rows). A sequence
-//! joins at a round boundary and leaves as soon as it ends or its client is gone, freeing its
-//! slot and its concurrency permit.
+//! Every running sequence has a slot in one [`BatchState`], whose KV cache is paged: a pool of
+//! blocks the slots share (`--kv-size` positions in all), each slot holding the blocks of its
+//! positions. A request waits for a slot until the cache can hold its prompt and `max_tokens`
+//! beside what the running sequences may reach, and free slots give back their cached blocks
+//! (least recently used first) when those need them; so no pass runs out of blocks, and short
+//! requests leave room for more of them.
+//!
+//! Each round of the worker takes the jobs that arrived, prefills one chunk of at most
+//! [`PREFILL_CHUNK`] prompt tokens of one new sequence (so a long prompt does not stall the
+//! others for long), then decodes one token of every sequence past its prompt in one forward
+//! pass ([`burn_gguf_models::Decoder::forward_batch`]; passes of [`DECODE_ROWS`] rows). A
+//! sequence joins at a round boundary and leaves as soon as it ends or its client is gone,
+//! freeing its slot and its concurrency permit.
 //!
 //! Prefix reuse: a slot keeps the state of the tokens it last held (a finished sequence's
 //! prompt and reply) until it takes another request. A new request takes the free slot whose
@@ -46,7 +52,7 @@ use std::sync::mpsc;
 use burn_gguf_models::generate::SampleFrom;
 use burn_gguf_models::speculative::{NgramConfig, Speculation};
 use burn_gguf_models::structured::{GrammarCompiler, TokenConstraint};
-use burn_gguf_models::{BatchState, ChatTemplate, GgufTokenizer, SamplerConfig};
+use burn_gguf_models::{BatchState, ChatTemplate, GgufTokenizer, KV_BLOCK, SamplerConfig};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -145,9 +151,9 @@ pub struct ModelHandle {
     pub tokenizer: Arc<GgufTokenizer>,
     /// Its chat template (the file's, or a built-in one).
     pub template: Arc<ChatTemplate>,
-    /// Context length served: the model's, capped by `--ctx-size` and by what a KV cache of
-    /// `--max-concurrent` sequences holds in the device's largest buffer
-    /// ([`burn_gguf_models::Decoder::max_positions`]).
+    /// Context length served: the model's, capped by `--ctx-size` and by the positions the
+    /// paged KV cache holds (`--kv-size`, within the device's largest buffer:
+    /// [`burn_gguf_models::Decoder::max_kv_positions`]).
     pub n_ctx: usize,
     /// Sends jobs to the worker; dropping every sender ends the worker after its running jobs.
     pub jobs: mpsc::Sender<Job>,
@@ -170,6 +176,9 @@ pub struct WorkerOptions {
     pub dequantize: bool,
     /// Context length cap (`--ctx-size`).
     pub ctx_cap: usize,
+    /// Positions of the KV cache, all sequences together (`--kv-size`; `None`: `slots` times
+    /// the context), at most [`burn_gguf_models::Decoder::max_kv_positions`].
+    pub kv_size: Option<usize>,
     /// Sequences decoded at once (`--max-concurrent`).
     pub slots: usize,
     /// LoRA adapter files (`--lora`).
@@ -197,6 +206,7 @@ impl Default for WorkerOptions {
             device: None,
             dequantize: false,
             ctx_cap: 4096,
+            kv_size: None,
             slots: 8,
             lora: Vec::new(),
             lora_scale: 1.0,
@@ -224,6 +234,7 @@ pub fn start(
         device,
         dequantize,
         ctx_cap,
+        kv_size,
         slots,
         lora: lora_paths,
         lora_scale,
@@ -307,22 +318,28 @@ pub fn start(
                 tracing::warn!("{}: no structured outputs: {e}", path.display());
             }
             let tokenizer = Arc::new(loaded.tokenizer);
-            let fits = loaded.model.max_positions(slots.max(1));
-            if fits < loaded.model.config().context_length.min(ctx_cap) {
+            // The paged KV cache: `--kv-size` positions, or a full context per slot, within
+            // the device's largest buffer; no request's context passes it.
+            let ctx = loaded.model.config().context_length.min(ctx_cap);
+            let per_slot = ctx.next_multiple_of(KV_BLOCK);
+            let kv = kv_size.unwrap_or(slots.max(1).saturating_mul(per_slot));
+            let state =
+                BatchState::new(slots.max(1)).with_limit(kv.min(loaded.model.max_kv_positions()));
+            let n_ctx = ctx.min(state.limit());
+            if n_ctx < ctx {
                 tracing::warn!(
-                    "{}: a KV cache of {} sequences holds {fits} positions each in this \
-                     device's largest buffer; serving a context of {fits} tokens",
+                    "{}: the KV cache holds {} positions (--kv-size, or this device's largest \
+                     buffer); serving a context of {n_ctx} tokens",
                     path.display(),
-                    slots.max(1)
+                    state.limit()
                 );
             }
-            let n_ctx = loaded.model.config().context_length.min(ctx_cap).min(fits);
             let _ = ready_tx.send(Ok((tokenizer.clone(), Arc::new(template), n_ctx, grammars)));
             drop(loaded.file);
             let mut worker = Worker {
                 model: &loaded.model,
                 tokenizer: &tokenizer,
-                state: BatchState::new(slots.max(1)),
+                state,
                 free: (0..slots.max(1)).rev().collect(),
                 cached: vec![Vec::new(); slots.max(1)],
                 cached_lora: vec![None; slots.max(1)],

@@ -70,10 +70,16 @@ pub struct ServeOptions {
     /// Most requests waiting for a slot; more are answered 429.
     #[arg(long, default_value_t = 128)]
     pub max_queue: usize,
-    /// Context length per sequence, capped by the model's own and by what a KV cache of
-    /// `--max-concurrent` sequences holds in the device's largest buffer (a warning says so).
+    /// Context length per sequence, capped by the model's own and by `--kv-size` (a warning
+    /// says so).
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
+    /// Positions the paged KV cache of each model holds, all its sequences together (as
+    /// llama.cpp's `-c` of a unified cache): a request waits for a slot until the cache can hold
+    /// its prompt and `max_tokens` beside the running ones. Default: `--max-concurrent` times
+    /// the context; at most what the device's largest buffer holds.
+    #[arg(long, value_name = "POSITIONS")]
+    pub kv_size: Option<usize>,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 2 << 20)]
     pub max_body_bytes: usize,
@@ -210,6 +216,7 @@ impl Server {
                 device: opts.device.clone(),
                 dequantize: opts.dequantize,
                 ctx_cap: opts.ctx_size,
+                kv_size: opts.kv_size,
                 slots: opts.max_concurrent,
                 lora: opts.lora.clone(),
                 lora_scale: opts.lora_scale,

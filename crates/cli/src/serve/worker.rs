@@ -13,7 +13,9 @@ use burn::tensor::Tensor;
 use burn_gguf_models::generate::{SampleFrom, sample_from};
 use burn_gguf_models::speculative::{NgramConfig, NgramDrafter, Verdict, verify};
 use burn_gguf_models::structured::{TokenConstraint, apply_bias};
-use burn_gguf_models::{BatchState, Decoder, DecoderLora, GgufTokenizer, Sampler, SlotSnapshot};
+use burn_gguf_models::{
+    BatchState, Decoder, DecoderLora, GgufTokenizer, KV_BLOCK, Sampler, SlotSnapshot,
+};
 
 use super::engine::{DECODE_ROWS, Event, FinishReason, Job, PREFILL_CHUNK};
 use super::metrics::Metrics;
@@ -114,11 +116,23 @@ impl Worker<'_> {
         }
     }
 
-    /// Gives waiting jobs free slots: each the slot whose cached tokens share the longest
-    /// prefix with its prompt (at most all but the prompt's last token, which the first pass
-    /// needs), else the least recently used one.
+    /// Gives waiting jobs free slots, in order, while the paged KV cache can hold each one's
+    /// longest (its prompt and `max_tokens`) beside the running sequences' longest: each the
+    /// slot whose cached tokens share the longest prefix with its prompt (at most all but the
+    /// prompt's last token, which the first pass needs), else the least recently used one.
+    /// Free slots then give back their cached blocks, least recently used first, as far as the
+    /// running sequences may need them, so no pass runs out of blocks.
     fn admit(&mut self) {
-        while !self.waiting.is_empty() && !self.free.is_empty() {
+        let limit = self.state.limit() / KV_BLOCK;
+        while let Some(front) = self.waiting.front()
+            && !self.free.is_empty()
+        {
+            let committed: usize = self.active.iter().map(|s| longest(&s.job)).sum();
+            let total = committed.saturating_add(longest(front));
+            // Alone, a request fits: its context is capped to the cache.
+            if !self.active.is_empty() && total > limit {
+                break;
+            }
             let Some(mut job) = self.waiting.pop_front() else {
                 break;
             };
@@ -145,6 +159,7 @@ impl Worker<'_> {
                 .unwrap_or((0, 0));
             let slot = self.free.swap_remove(at);
             self.metrics.request();
+            self.make_room(total, limit);
             // A stored prefix longer than the slot's is loaded into it; what the slot held is
             // stored first when the request would overwrite part of it.
             // (Without the prefix cache the store is off and empty.)
@@ -199,6 +214,27 @@ impl Worker<'_> {
                 received: Instant::now(),
                 done: false,
             });
+        }
+    }
+
+    /// Empties free slots, least recently used first (each kept in the prefix store where it
+    /// has room), until the blocks they hold and `committed` blocks fit `limit`.
+    fn make_room(&mut self, committed: usize, limit: usize) {
+        let mut idle: Vec<usize> = (self.free.iter().copied())
+            .filter(|&c| self.state.held(c) > 0)
+            .collect();
+        idle.sort_by_key(|&c| self.last_used[c]);
+        let mut held: usize = idle.iter().map(|&c| self.state.held(c) / KV_BLOCK).sum();
+        for c in idle {
+            if committed.saturating_add(held) <= limit {
+                break;
+            }
+            held -= self.state.held(c) / KV_BLOCK;
+            let saved = self.store_slot(c);
+            self.state.truncate(c, 0);
+            let dropped = std::mem::take(&mut self.cached[c]).len();
+            self.metrics
+                .prefix_cache(0, if saved { 0 } else { dropped });
         }
     }
 
@@ -637,11 +673,17 @@ impl Worker<'_> {
                 s.done = true;
             }
         }
-        self.state = BatchState::new(self.state.slots());
+        self.state = BatchState::new(self.state.slots()).with_limit(self.state.limit());
         for c in &mut self.cached {
             c.clear();
         }
     }
+}
+
+/// Blocks of the KV cache a job may hold at most: its prompt and `max_tokens` (within the
+/// context: [`super::api::max_tokens_for`]).
+fn longest(job: &Job) -> usize {
+    (job.prompt_ids.len().saturating_add(job.max_tokens)).div_ceil(KV_BLOCK)
 }
 
 /// Sends `text[sent..upto]` (if any) with the log-probabilities gathered since the last
