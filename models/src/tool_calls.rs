@@ -99,8 +99,9 @@ impl ToolCallFormat {
 
     /// Splits a whole reply into content (the text before the first call, without trailing
     /// whitespace; `None` when blank) and the calls. A reply whose call text does not parse is
-    /// all content, as written.
-    pub fn parse(self, text: &str) -> (Option<String>, Vec<ToolCall>) {
+    /// all content, as written. `tools` are the request's: [`ToolCallFormat::QwenXml`] reads a
+    /// parameter's value by the type its tool declares ([`xml_call`]).
+    pub fn parse(self, text: &str, tools: &[Tool]) -> (Option<String>, Vec<ToolCall>) {
         let start = self.markers().iter().filter_map(|m| text.find(m)).min();
         let calls = match start {
             None => Vec::new(),
@@ -114,7 +115,7 @@ impl ToolCallFormat {
                         .unwrap_or_default(),
                     Self::QwenXml => blocks(body, "<tool_call>", "</tool_call>")
                         .iter()
-                        .map(|b| xml_call(b))
+                        .map(|b| xml_call(b, tools))
                         .collect::<Option<Vec<_>>>()
                         .unwrap_or_default(),
                     Self::Llama3 => {
@@ -181,20 +182,26 @@ fn json_call(text: &str, args_key: &str) -> Option<ToolCall> {
         .then_some(ToolCall { name, arguments })
 }
 
-/// A `<function=NAME>` block with `<parameter=KEY>VALUE</parameter>` children. A value that
-/// parses as JSON (a number, `true`, a list) is taken as that JSON, any other as a string, as
-/// Qwen's own parser does.
-fn xml_call(text: &str) -> Option<ToolCall> {
+/// A `<function=NAME>` block with `<parameter=KEY>VALUE</parameter>` children, read as Qwen's
+/// own parser (vLLM's `qwen3_coder`) reads them: the value of a parameter the named tool of
+/// `tools` declares a string ([`is_string_param`]) is the raw text; any other value that parses
+/// as JSON (a number, `true`, a list) is that JSON, else the raw text.
+fn xml_call(text: &str, tools: &[Tool]) -> Option<ToolCall> {
     let rest = text.trim().strip_prefix("<function=")?;
     let end = rest.find('>')?;
     let name = rest[..end].trim().to_string();
+    let props = (tools.iter().find(|t| t.name == name))
+        .and_then(|t| t.parameters.get("properties"))
+        .and_then(Value::as_object);
     let mut args = Map::new();
     for p in blocks(&rest[end + 1..], "<parameter=", "</parameter>") {
         let close = p.find('>')?;
         let key = p[..close].trim().to_string();
         let raw = p[close + 1..].trim_matches('\n');
-        let value = serde_json::from_str::<Value>(raw)
-            .ok()
+        let text = props.and_then(|p| p.get(&key)).is_some_and(is_string_param);
+        let value = (!text)
+            .then(|| serde_json::from_str::<Value>(raw).ok())
+            .flatten()
             .filter(|v| !v.is_string())
             .unwrap_or_else(|| Value::String(raw.to_string()));
         args.insert(key, value);
@@ -236,8 +243,9 @@ impl ToolCallFormat {
     /// needs (`[TOOL_CALLS]`).
     ///
     /// # Errors
-    /// A message when the syntax has no grammar here ([`ToolCallFormat::QwenXml`]: its values
-    /// are raw text per parameter), or a needed control token is not in the vocabulary.
+    /// A message when a needed control token is not in the vocabulary, or (for
+    /// [`ToolCallFormat::QwenXml`], whose string values are raw text) a parameter whose schema
+    /// this syntax cannot keep to ([`qwen_xml_grammar`]).
     pub fn grammar(
         self,
         tools: &[Tool],
@@ -276,16 +284,154 @@ impl ToolCallFormat {
                                            "minItems": 1, "maxItems": 1 }));
                 format!("start: <[{id}]> %json {list}")
             }
-            Self::QwenXml => {
-                return Err(
-                    "a required or named tool call is not supported for this template's \
-                     <function=...> syntax (tool_choice auto is)"
-                        .into(),
-                );
-            }
+            Self::QwenXml => qwen_xml_grammar(tools, bounded)?,
         };
         Ok(crate::structured::Grammar::Lark(lark))
     }
+}
+
+/// Longest raw-text value of a string parameter in a forced [`ToolCallFormat::QwenXml`] call,
+/// in characters (a `maxLength` lowers it).
+#[cfg(feature = "structured")]
+const XML_TEXT_MAX: usize = 256;
+
+/// The Lark grammar of one `<function=NAME>` call of one of `tools`, written as Qwen3.5's
+/// template writes calls and read back as [`xml_call`] reads them: a string parameter's value
+/// as raw text (printable ASCII without `<`, `minLength` to `maxLength` characters, at most
+/// [`XML_TEXT_MAX`]; an `enum` or `const` of strings as those strings), any other parameter's
+/// as JSON under its schema (`%json`, bounded by `bounded`). Required parameters are written,
+/// optional ones may be, in the schema's order.
+///
+/// # Errors
+/// A parameter name other than letters, digits, `_`, `-` and `.`, a required parameter without
+/// a schema, or a schema that could be a string under other constraints (`pattern`, `format`,
+/// a list of types, no type): raw text cannot be kept to those here.
+#[cfg(feature = "structured")]
+fn qwen_xml_grammar(tools: &[Tool], bounded: impl Fn(Value) -> Value) -> Result<String, String> {
+    let mut rules = Vec::new();
+    let mut calls = Vec::with_capacity(tools.len());
+    for (i, t) in tools.iter().enumerate() {
+        let props = t.parameters.get("properties").and_then(Value::as_object);
+        let required: Vec<&str> = (t.parameters.get("required").and_then(Value::as_array))
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if let Some(missing) =
+            (required.iter()).find(|k| props.is_none_or(|p| !p.contains_key(**k)))
+        {
+            return Err(format!(
+                "tool '{}': required parameter '{missing}' has no schema",
+                t.name
+            ));
+        }
+        // Tool names are letters, digits, `_` and `-` (checked when a request is read).
+        let mut body = format!("\"<function={}>\\n\"", t.name);
+        for (j, (key, schema)) in props.into_iter().flatten().enumerate() {
+            let plain = |c: char| c.is_ascii_alphanumeric() || "_-.".contains(c);
+            if key.is_empty() || !key.chars().all(plain) {
+                return Err(format!(
+                    "tool '{}': parameter name {key:?} cannot be written in a <parameter=...> \
+                     tag (letters, digits, _, - and . only)",
+                    t.name
+                ));
+            }
+            let value = xml_value(schema, &bounded)
+                .map_err(|why| format!("tool '{}', parameter '{key}': {why}", t.name))?;
+            rules.push(format!(
+                "p{i}_{j}: \"<parameter={key}>\\n\" {value} \"\\n</parameter>\\n\""
+            ));
+            let optional = if required.contains(&key.as_str()) {
+                ""
+            } else {
+                "?"
+            };
+            body.push_str(&format!(" p{i}_{j}{optional}"));
+        }
+        body.push_str(" \"</function>\\n\"");
+        rules.push(format!("f{i}: {body}"));
+        calls.push(format!("f{i}"));
+    }
+    let start = format!(
+        "start: \"<tool_call>\\n\" ({}) \"</tool_call>\"",
+        calls.join(" | ")
+    );
+    Ok(std::iter::once(start)
+        .chain(rules)
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
+/// The Lark expression of one parameter's value in a forced [`ToolCallFormat::QwenXml`] call
+/// (see [`qwen_xml_grammar`]), or why there is none.
+#[cfg(feature = "structured")]
+fn xml_value(schema: &Value, bounded: &impl Fn(Value) -> Value) -> Result<String, String> {
+    if let Some(list) = string_choices(schema) {
+        let texts: Option<Vec<String>> = (list.iter())
+            .map(|v| {
+                let s = v
+                    .as_str()
+                    .filter(|s| !s.is_empty() && !s.contains(['<', '\n']))?;
+                Some(serde_json::to_string(s).expect("a string serializes"))
+            })
+            .collect();
+        return match texts {
+            Some(t) => Ok(format!("({})", t.join(" | "))),
+            None => Err(
+                "an enum of strings and other values, or of strings holding '<' or a \
+                         line break"
+                    .into(),
+            ),
+        };
+    }
+    match schema.get("type").and_then(Value::as_str) {
+        Some("string") => {
+            let allowed = [
+                "type",
+                "description",
+                "title",
+                "minLength",
+                "maxLength",
+                "default",
+                "examples",
+            ];
+            let keys = schema.as_object().into_iter().flatten().map(|(k, _)| k);
+            if let Some(k) = keys.into_iter().find(|k| !allowed.contains(&k.as_str())) {
+                return Err(format!("a string with '{k}' is not kept to as raw text"));
+            }
+            let bound = |k: &str| schema.get(k).and_then(Value::as_u64).map(|v| v as usize);
+            let min = bound("minLength").unwrap_or(0);
+            let max = bound("maxLength").unwrap_or(XML_TEXT_MAX).min(XML_TEXT_MAX);
+            if min > max {
+                return Err(format!(
+                    "minLength {min} is past the {max} characters written"
+                ));
+            }
+            // Printable ASCII but `<` (which could start `</parameter>`).
+            Ok(format!("/[\\x20-\\x3B\\x3D-\\x7E]{{{min},{max}}}/"))
+        }
+        Some(_) => Ok(format!("%json {}", bounded(schema.clone()))),
+        None => Err(
+            "a schema without one type could be a string, which this syntax writes \
+                     as raw text"
+                .into(),
+        ),
+    }
+}
+
+/// The strings a schema allows when it is an `enum` or `const` holding a string (the parser
+/// keeps such a value as raw text).
+fn string_choices(schema: &Value) -> Option<Vec<Value>> {
+    let list = match (schema.get("enum"), schema.get("const")) {
+        (Some(Value::Array(l)), _) => l.clone(),
+        (_, Some(c)) => vec![c.clone()],
+        _ => return None,
+    };
+    list.iter().any(Value::is_string).then_some(list)
+}
+
+/// Whether a parameter of `schema` is a string: its value is kept as raw text, as Qwen's own
+/// parser does (`"type": "string"`, or an `enum` or `const` holding a string).
+fn is_string_param(schema: &Value) -> bool {
+    schema.get("type").and_then(Value::as_str) == Some("string") || string_choices(schema).is_some()
 }
 
 #[cfg(test)]
@@ -313,10 +459,41 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "structured")]
+    #[test]
+    fn qwen_xml_grammar_keeps_string_values_to_their_schema_or_refuses() {
+        let tool = |props: Value| Tool {
+            name: "f".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": props, "required": ["a"]}),
+        };
+        let g = qwen_xml_grammar(
+            &[tool(json!({"a": {"type": "string", "maxLength": 5},
+                          "b": {"enum": ["x", "y"]}, "c": {"type": "integer"}}))],
+            |v| v,
+        )
+        .unwrap();
+        assert!(g.contains(r#"p0_0: "<parameter=a>\n" /[\x20-\x3B\x3D-\x7E]{0,5}/"#), "{g}");
+        assert!(g.contains(r#"("x" | "y")"#), "{g}");
+        assert!(g.contains(r#"%json {"type":"integer"}"#), "{g}");
+        // Required written, optional may be.
+        assert!(g.contains("p0_0 p0_1? p0_2?"), "{g}");
+        for (props, why) in [
+            (json!({"a": {"type": "string", "pattern": "^x$"}}), "pattern"),
+            (json!({"a": {"anyOf": [{"type": "string"}]}}), "without one type"),
+            (json!({"a b": {"type": "integer"}, "a": {"type": "integer"}}), "cannot be written"),
+            (json!({"z": {"type": "integer"}}), "has no schema"),
+        ] {
+            let e = qwen_xml_grammar(&[tool(props)], |v| v).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+    }
+
     #[test]
     fn parses_each_syntax() {
         let (c, calls) = ToolCallFormat::Hermes.parse(
             "Let me check.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"time\", \"arguments\": {}}\n</tool_call>",
+            &[],
         );
         assert_eq!(c.as_deref(), Some("Let me check."));
         assert_eq!(calls.len(), 2);
@@ -326,26 +503,47 @@ mod tests {
 
         let (c, calls) = ToolCallFormat::QwenXml.parse(
             "<tool_call>\n<function=weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+            &[],
         );
         assert_eq!(c, None);
         assert_eq!(calls[0].arguments, json!({"city": "Oslo", "days": 3}));
+        // Read by the declared types: a string parameter's value is its text.
+        let tools = [Tool {
+            name: "weather".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "string"},
+                "unit": {"enum": ["true", "c"]}, "n": {"type": "integer"}}}),
+        }];
+        let (_, calls) = ToolCallFormat::QwenXml.parse(
+            "<tool_call>\n<function=weather>\n<parameter=days>\n3\n</parameter>\n<parameter=unit>\ntrue\n</parameter>\n<parameter=n>\n4\n</parameter>\n<parameter=x>\n[1]\n</parameter>\n</function>\n</tool_call>",
+            &tools,
+        );
+        assert_eq!(
+            calls[0].arguments,
+            json!({"days": "3", "unit": "true", "n": 4, "x": [1]})
+        );
 
-        let (_, calls) = ToolCallFormat::Llama3
-            .parse("<|python_tag|>{\"name\": \"weather\", \"parameters\": {\"city\": \"Oslo\"}}");
+        let (_, calls) = ToolCallFormat::Llama3.parse(
+            "<|python_tag|>{\"name\": \"weather\", \"parameters\": {\"city\": \"Oslo\"}}",
+            &[],
+        );
         assert_eq!(calls[0].name, "weather");
 
-        let (_, calls) = ToolCallFormat::Mistral
-            .parse("[TOOL_CALLS][{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}]");
+        let (_, calls) = ToolCallFormat::Mistral.parse(
+            "[TOOL_CALLS][{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}]",
+            &[],
+        );
         assert_eq!(calls[0].arguments, json!({"city": "Oslo"}));
         let (_, calls) =
-            ToolCallFormat::Mistral.parse("[TOOL_CALLS]weather[ARGS]{\"city\": \"Oslo\"}");
+            ToolCallFormat::Mistral.parse("[TOOL_CALLS]weather[ARGS]{\"city\": \"Oslo\"}", &[]);
         assert_eq!(calls[0].name, "weather");
 
         // Not a call: all content.
-        let (c, calls) = ToolCallFormat::Hermes.parse("<tool_call>\n{not json\n</tool_call>");
+        let (c, calls) = ToolCallFormat::Hermes.parse("<tool_call>\n{not json\n</tool_call>", &[]);
         assert!(calls.is_empty());
         assert_eq!(c.as_deref(), Some("<tool_call>\n{not json\n</tool_call>"));
-        let (c, calls) = ToolCallFormat::Hermes.parse("Just text.");
+        let (c, calls) = ToolCallFormat::Hermes.parse("Just text.", &[]);
         assert!(calls.is_empty());
         assert_eq!(c.as_deref(), Some("Just text."));
     }

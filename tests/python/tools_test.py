@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Tool calls of `burn-gguf serve` (issue 39), driven by the official `openai` client, with a
-Qwen3-style template (templates/qwen3-tools.jinja, `serve --chat-template`) on the tiny
-fixture and on Gemma 3 270M; arguments checked by PyPI `jsonschema`.
+Qwen3-style template (templates/qwen3-tools.jinja, `serve --chat-template`: Hermes JSON calls)
+on the tiny fixture and on Gemma 3 270M, and with a Qwen3.5-style one
+(templates/qwen35-tools.jinja: `<function=...>` calls whose string values are raw text) on the
+tiny fixture; arguments checked by PyPI `jsonschema`.
 
     python3 tests/python/tools_test.py --bin target/debug/burn-gguf \
         --tiny ../shared/fixtures/gguf/tiny-qwen3-Q8_0.gguf [--gemma PATH] [--requests 24]
@@ -28,8 +30,9 @@ import jsonschema
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_test import Server, check, fail  # noqa: E402
 
-TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates",
-                        "qwen3-tools.jinja")
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+TEMPLATE = os.path.join(TEMPLATES, "qwen3-tools.jinja")
+XML_TEMPLATE = os.path.join(TEMPLATES, "qwen35-tools.jinja")
 
 TOOLS = [
     {"type": "function", "function": {
@@ -201,6 +204,26 @@ def main():
             auto(srv, gemma, 1)
             streamed(srv, gemma, ("required",))
             round_trip(srv, gemma)
+    finally:
+        srv.stop()
+    # The <function=...> syntax: forced calls keep to each parameter's schema as raw text.
+    srv = Server(a.bin, [a.tiny], ["--max-concurrent", "8", "--chat-template", XML_TEMPLATE])
+    try:
+        print("tools_test: with the Qwen3.5-style <function=...> template:")
+        # A string under a pattern cannot be kept to as raw text: a 400, not an invalid call.
+        pattern = [{"type": "function", "function": {"name": "code", "parameters": {
+            "type": "object", "properties": {"id": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+            "required": ["id"]}}}]
+        body = {"model": tiny, "messages": MSGS, "tools": pattern, "tool_choice": "required"}
+        status, data = srv.raw("POST", "/v1/chat/completions", json.dumps(body),
+                               {"Content-Type": "application/json"})
+        err = json.loads(data).get("error", {})
+        check(status == 400 and err.get("param") == "tool_choice" and "pattern" in
+              err.get("message", ""), f"a pattern under <function=...>: {status} {data}")
+        forced(srv, tiny, a.requests)
+        auto(srv, tiny, 8)
+        streamed(srv, tiny)
+        round_trip(srv, tiny)
     finally:
         srv.stop()
     print("tools_test: all checks passed")

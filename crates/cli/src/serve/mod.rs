@@ -611,6 +611,7 @@ fn tool_mode(
     };
     Ok(Some(response::ToolMode {
         format,
+        tools: t.tools.clone().into(),
         forced,
         parallel: t.parallel && !forced,
     }))

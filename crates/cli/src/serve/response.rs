@@ -7,6 +7,7 @@
 //! of one, and trailing whitespace), then the calls in one `tool_calls` delta at the end, so
 //! the joined deltas equal the whole reply.
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -16,7 +17,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::api::ApiError;
 use super::engine::{self, Event, FinishReason, Logprobs};
-use burn_gguf_models::tool_calls::{ToolCall, ToolCallFormat};
+use burn_gguf_models::tool_calls::{Tool, ToolCall, ToolCallFormat};
 
 /// Which endpoint a response is for.
 #[derive(Clone, Copy)]
@@ -37,10 +38,12 @@ pub(super) struct Meta {
 }
 
 /// How a chat reply is read for tool calls.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct ToolMode {
     /// The template's syntax.
     pub(super) format: ToolCallFormat,
+    /// The request's tools (the `<function=...>` syntax reads values by their declared type).
+    pub(super) tools: Arc<[Tool]>,
     /// The grammar forces one call (`tool_choice` `required` or a named function).
     pub(super) forced: bool,
     /// Several calls may be kept (`parallel_tool_calls`).
@@ -50,7 +53,7 @@ pub(super) struct ToolMode {
 impl ToolMode {
     /// `text` as content and calls (at most one unless parallel).
     fn parse(&self, text: &str) -> (Option<String>, Vec<ToolCall>) {
-        let (content, mut calls) = self.format.parse(text);
+        let (content, mut calls) = self.format.parse(text, &self.tools);
         if !self.parallel {
             calls.truncate(1);
         }
@@ -71,10 +74,10 @@ struct ToolStream {
 impl ToolStream {
     fn new(mode: ToolMode) -> Self {
         Self {
+            in_call: mode.forced,
             mode,
             held: String::new(),
             gap: String::new(),
-            in_call: mode.forced,
         }
     }
 
@@ -263,7 +266,7 @@ pub(super) async fn collect_response(
                 completion_tokens,
             } => {
                 let usage = Some(usage(prompt_tokens, completion_tokens));
-                if let Some(mode) = meta.tools {
+                if let Some(mode) = &meta.tools {
                     let (content, calls) = mode.parse(&text);
                     if !calls.is_empty() {
                         let choice = json!({
@@ -331,7 +334,7 @@ pub(super) fn stream_response(
     };
     let state = State {
         queue: VecDeque::from([Some(meta.body(vec![first], None, true))]),
-        tools: meta.tools.map(ToolStream::new),
+        tools: meta.tools.clone().map(ToolStream::new),
         rx,
         meta,
         chars: 0,
