@@ -100,7 +100,8 @@ impl ToolCallFormat {
     /// Splits a whole reply into content (the text before the first call, without trailing
     /// whitespace; `None` when blank) and the calls. A reply whose call text does not parse is
     /// all content, as written. `tools` are the request's: [`ToolCallFormat::QwenXml`] reads a
-    /// parameter's value by the type its tool declares ([`xml_call`]).
+    /// parameter's value by the type its tool declares (a string parameter's value is its
+    /// text, as Qwen's own parser reads it).
     pub fn parse(self, text: &str, tools: &[Tool]) -> (Option<String>, Vec<ToolCall>) {
         let start = self.markers().iter().filter_map(|m| text.find(m)).min();
         let calls = match start {
@@ -245,7 +246,7 @@ impl ToolCallFormat {
     /// # Errors
     /// A message when a needed control token is not in the vocabulary, or (for
     /// [`ToolCallFormat::QwenXml`], whose string values are raw text) a parameter whose schema
-    /// this syntax cannot keep to ([`qwen_xml_grammar`]).
+    /// raw text cannot be kept to here: a string under `pattern` or `format`, no single type.
     pub fn grammar(
         self,
         tools: &[Tool],
@@ -473,15 +474,27 @@ mod tests {
             |v| v,
         )
         .unwrap();
-        assert!(g.contains(r#"p0_0: "<parameter=a>\n" /[\x20-\x3B\x3D-\x7E]{0,5}/"#), "{g}");
+        assert!(
+            g.contains(r#"p0_0: "<parameter=a>\n" /[\x20-\x3B\x3D-\x7E]{0,5}/"#),
+            "{g}"
+        );
         assert!(g.contains(r#"("x" | "y")"#), "{g}");
         assert!(g.contains(r#"%json {"type":"integer"}"#), "{g}");
         // Required written, optional may be.
         assert!(g.contains("p0_0 p0_1? p0_2?"), "{g}");
         for (props, why) in [
-            (json!({"a": {"type": "string", "pattern": "^x$"}}), "pattern"),
-            (json!({"a": {"anyOf": [{"type": "string"}]}}), "without one type"),
-            (json!({"a b": {"type": "integer"}, "a": {"type": "integer"}}), "cannot be written"),
+            (
+                json!({"a": {"type": "string", "pattern": "^x$"}}),
+                "pattern",
+            ),
+            (
+                json!({"a": {"anyOf": [{"type": "string"}]}}),
+                "without one type",
+            ),
+            (
+                json!({"a b": {"type": "integer"}, "a": {"type": "integer"}}),
+                "cannot be written",
+            ),
             (json!({"z": {"type": "integer"}}), "has no schema"),
         ] {
             let e = qwen_xml_grammar(&[tool(props)], |v| v).unwrap_err();

@@ -269,11 +269,15 @@ fn forced_tool_calls_parse_and_fit_their_parameters() {
     ];
     for (label, tok) in vocabularies() {
         let compiler = GrammarCompiler::new(&tok, tok.vocab_size()).unwrap();
-        for format in [ToolCallFormat::Hermes, ToolCallFormat::Llama3] {
+        for format in [
+            ToolCallFormat::Hermes,
+            ToolCallFormat::Llama3,
+            ToolCallFormat::QwenXml,
+        ] {
             let grammar = format.grammar(&tools, |t| tok.token_to_id(t)).unwrap();
             for seed in 0..6 {
                 let text = walk(&compiler, &tok, &grammar, seed);
-                let (content, calls) = format.parse(&text);
+                let (content, calls) = format.parse(&text, &tools);
                 assert_eq!(calls.len(), 1, "{label} {format:?}: {text:?}");
                 assert_eq!(content, None, "{label} {format:?}: {text:?}");
                 let c = &calls[0];

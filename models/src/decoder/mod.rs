@@ -254,8 +254,8 @@ impl Decoder {
     ///
     /// # Errors
     /// Empty `ids`, a token id not below the vocabulary size, or a context past
-    /// `context_length` or [`Decoder::max_kv_positions`]. A failure part way through a pass leaves
-    /// `state` empty.
+    /// `context_length` or [`Decoder::max_kv_positions`]. A failure part way through a pass
+    /// leaves `state` empty.
     pub fn forward(
         &self,
         ids: &[u32],
@@ -277,8 +277,10 @@ impl Decoder {
     ///
     /// # Errors
     /// No sequence, empty `ids`, a slot out of range or named twice, a token id not below the
-    /// vocabulary size, or a context past `context_length` or [`Decoder::max_kv_positions`]. A
-    /// failure part way through a pass leaves every slot of `state` empty.
+    /// vocabulary size, a context past `context_length` or [`Decoder::max_kv_positions`] (or
+    /// [`BatchState::with_limit`]), or more KV blocks than are free while other slots hold them
+    /// (the state unchanged then). A failure part way through a pass leaves every slot of
+    /// `state` empty.
     pub fn forward_batch(
         &self,
         state: &mut BatchState,
