@@ -420,10 +420,10 @@ fn xml_value(schema: &Value, bounded: &impl Fn(Value) -> Value) -> Result<String
 
 /// The strings a schema allows when it is an `enum` or `const` holding a string (the parser
 /// keeps such a value as raw text).
-fn string_choices(schema: &Value) -> Option<Vec<Value>> {
-    let list = match (schema.get("enum"), schema.get("const")) {
-        (Some(Value::Array(l)), _) => l.clone(),
-        (_, Some(c)) => vec![c.clone()],
+fn string_choices(schema: &Value) -> Option<&[Value]> {
+    let list: &[Value] = match (schema.get("enum"), schema.get("const")) {
+        (Some(Value::Array(l)), _) => l,
+        (_, Some(c)) => std::slice::from_ref(c),
         _ => return None,
     };
     list.iter().any(Value::is_string).then_some(list)
